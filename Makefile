@@ -1,0 +1,35 @@
+# Set-up and the two main jobs. Both work on a fresh machine from a clean clone:
+#   make demo   - builds the environment, compiles a real small model with gears, prints what happened
+#   make test   - builds the environment, runs the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test fuzz bench env clean
+
+env: $(STAMP)
+
+# torch is installed first and pinned: on this CPU machine `pip install torch==2.13.0` takes the
+# local CPU wheel; anything looser would pull the multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m rewrite demo
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15 tests
+
+fuzz: $(STAMP)
+	HF_HUB_OFFLINE=1 REWRITE_FUZZ_EXAMPLES=5000 $(PY) -m pytest -q tests/test_fuzz.py
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

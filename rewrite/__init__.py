@@ -1,0 +1,50 @@
+"""rewrite: a graph compiler for PyTorch built on equality saturation.
+
+    import torch, rewrite
+    model = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()))
+
+See DESIGN.md for the architecture; `rewrite.explain` shows what the compiler did to a model.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+
+from .backend import get_backend
+from .config import CompilerConfig, ConfigError
+from .fx_bridge import CompileError
+
+logging.getLogger("rewrite").addHandler(logging.NullHandler())
+
+__all__ = [
+    "get_backend",
+    "CompilerConfig",
+    "ConfigError",
+    "CompileError",
+    "explain",
+    "dynamo_export",
+    "load",
+    "inference",
+    "scope",
+]
+
+# Submodules and functions loaded on first use, so `import rewrite` stays cheap.
+_LAZY = {
+    "inference": ("rewrite.inference", None),
+    "scope": ("rewrite.scope", None),
+    "testing": ("rewrite.testing", None),
+    "dsl": ("rewrite.dsl", None),
+    "explain": ("rewrite.explain", "explain"),
+    "dynamo_export": ("rewrite.export", "dynamo_export"),
+    "load": ("rewrite.export", "load"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        module_name, attr = _LAZY[name]
+        module = importlib.import_module(module_name)
+        value = module if attr is None else getattr(module, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rewrite' has no attribute {name!r}")

@@ -1,0 +1,143 @@
+"""The torch.compile backend: Dynamo graph -> AOTAutograd core-ATen graph -> rewrite pipeline.
+
+Pipeline of one graph (see DESIGN.md):
+    from_fx -> freeze weights (optional) -> optimize (e-graph) -> gears (one static graph per gear)
+    -> build_executable (codegen / Inductor / stream scheduler) -> a callable Dynamo runs.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from . import exec as rexec
+from . import gears as rgears
+from .config import CompilerConfig
+from .dump import dump_graph
+from .fx_bridge import from_fx
+from .ir import Graph
+from .optimizer import optimize
+from .report import CompileReport
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["get_backend", "rewrite_backend", "RewriteBackend", "decomposition_table"]
+
+_graph_numbers = itertools.count()
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table() -> dict:
+    """Core-ATen decompositions, minus those that replace a fused kernel by a slower op chain.
+
+    We execute ATen kernels directly (no code generation that would fuse the pieces again), so
+    keeping fused ops such as scaled-dot-product attention is faster than their decompositions.
+    """
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    aten = torch.ops.aten
+    for op in (aten.scaled_dot_product_attention.default,):
+        table.pop(op, None)
+    return table
+
+
+def _is_weight_source(node: torch.fx.Node) -> bool:
+    grapharg = node.meta.get("grapharg")
+    if grapharg is None:
+        return False
+    name = grapharg.source.name
+    name = name() if callable(name) else name
+    return "._parameters[" in name or "._buffers[" in name
+
+
+class RewriteBackend:
+    """A torch.compile backend. ``report`` accumulates what every compiled graph went through."""
+
+    def __init__(self, compiler_config: CompilerConfig | None = None):
+        if compiler_config is not None and not isinstance(compiler_config, CompilerConfig):
+            raise TypeError(f"compiler_config must be a rewrite.CompilerConfig, got {type(compiler_config).__name__}")
+        self.config = compiler_config if compiler_config is not None else CompilerConfig()
+        self.report = CompileReport()
+        self._lock = threading.Lock()
+        rexec.check_config(self.config)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        number = next(_graph_numbers)
+        gear_spec = rgears.collect_gear_specs(example_inputs, self.config)
+        weights = [i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
+                   if _is_weight_source(n) or isinstance(example_inputs[i], torch.nn.Parameter)]
+
+        def compile_fw(aot_gm, aot_inputs, kind):
+            frozen = ()
+            if kind == "inference" and self.config.experimental_config.frozen_parameter:
+                if len(aot_inputs) == len(example_inputs):
+                    frozen = {i: example_inputs[i] for i in weights}
+                else:
+                    log.info("graph %d: cannot freeze weights (AOT changed the inputs); kept as inputs", number)
+            return self.compile_graph(aot_gm, f"g{number}_{kind}", number, frozen, gear_spec)
+
+        def compile_bw(aot_gm, aot_inputs):
+            return self.compile_graph(aot_gm, f"g{number}_backward", number, (), None)
+
+        return aot_autograd(
+            fw_compiler=functools.partial(compile_fw, kind="forward"),
+            bw_compiler=compile_bw,
+            inference_compiler=functools.partial(compile_fw, kind="inference"),
+            decompositions=decomposition_table(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
+
+    def compile_graph(self, gm: torch.fx.GraphModule, name: str, number: int, frozen: dict, gear_spec):
+        """Compile one AOT graph into a callable; errors name the node and the reason."""
+        with self._lock:
+            rep = self.report.new_graph(name)
+        with rep.stage("import"):
+            graph = from_fx(gm, name=name)
+            _freeze(graph, frozen)
+            rep.ops_before = graph.op_counts()
+        dump_graph(graph, self.config, number, "before")
+        graph = optimize(graph, self.config, rep)
+        rep.ops_after = graph.op_counts()
+        dump_graph(graph, self.config, number, "after")
+
+        def build_static(g: Graph):
+            return rexec.build_executable(g, self.config, rep)
+
+        if graph.is_static():
+            with rep.stage("codegen"):
+                fn = build_static(graph)
+        else:
+            fn = rgears.compile_dynamic(graph, gear_spec, self.config, rep, build_static, number)
+        log.info("%s", rep)
+        # AOTAutograd calls compiled graphs with one list argument ("boxed"), so it can free inputs early.
+        return make_boxed_func(fn)
+
+
+def _freeze(graph: Graph, frozen: dict) -> None:
+    """Replace the uses of weight placeholders by constants holding the weights themselves."""
+    if not frozen:
+        return
+    placeholders = graph.placeholders
+    for index, tensor in frozen.items():
+        p = placeholders[index]
+        const = graph.constant(tensor.detach(), p.meta, before=graph.nodes[len(placeholders)])
+        const.attrs["weight_name"] = p.name
+        graph.replace_all_uses(p, const)
+
+
+def get_backend(compiler_config: CompilerConfig | None = None) -> RewriteBackend:
+    """The backend to pass to ``torch.compile(model, backend=...)``."""
+    return RewriteBackend(compiler_config)
+
+
+def rewrite_backend(gm, example_inputs):
+    """Entry point for ``torch.compile(backend="rewrite")``: default config."""
+    return RewriteBackend()(gm, example_inputs)
+

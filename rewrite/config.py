@@ -1,0 +1,155 @@
+"""`CompilerConfig`: every knob of the compiler, in nested sections.
+
+Sections reject unknown attributes and values outside the allowed set at assignment time, so a
+typo such as ``config.mod = "reduce-overhead"`` fails loudly instead of being silently ignored.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+__all__ = ["CompilerConfig", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A config field was misspelt or given a value it does not allow."""
+
+
+class _Choice:
+    """A field whose value must be one of a fixed set."""
+
+    def __init__(self, default, allowed):
+        self.default = default
+        self.allowed = tuple(allowed)
+
+    def check(self, path: str, value):
+        if value not in self.allowed:
+            raise ConfigError(f"{path} = {value!r} is not allowed; choose one of {list(self.allowed)}")
+        return value
+
+
+class _Typed:
+    """A field whose value must be an instance of the given types."""
+
+    def __init__(self, default, *types):
+        self.default = default
+        self.types = types
+
+    def check(self, path: str, value):
+        if not isinstance(value, self.types) or (bool not in self.types and isinstance(value, bool) and int in self.types):
+            names = " or ".join(t.__name__ for t in self.types)
+            raise ConfigError(f"{path} = {value!r} has type {type(value).__name__}; expected {names}")
+        return value
+
+
+class _Section:
+    """A group of fields. Subclasses declare fields as class attributes of `_Choice`/`_Typed`/`_Section`."""
+
+    _path = "config"
+
+    def __init__(self, path: str | None = None):
+        object.__setattr__(self, "_path", path or self._path)
+        for name, spec in self._fields().items():
+            if isinstance(spec, type) and issubclass(spec, _Section):
+                object.__setattr__(self, name, spec(f"{self._path}.{name}"))
+            else:
+                object.__setattr__(self, name, copy.copy(spec.default))
+
+    @classmethod
+    def _fields(cls) -> dict[str, Any]:
+        out = {}
+        for klass in reversed(cls.__mro__):
+            for name, spec in vars(klass).items():
+                if isinstance(spec, (_Choice, _Typed)) or (isinstance(spec, type) and issubclass(spec, _Section)):
+                    out[name] = spec
+        return out
+
+    def __setattr__(self, name, value):
+        fields = self._fields()
+        if name not in fields:
+            raise ConfigError(
+                f"{self._path} has no field {name!r}; known fields: {sorted(fields)}"
+            )
+        spec = fields[name]
+        if isinstance(spec, type):
+            raise ConfigError(f"{self._path}.{name} is a section; set its fields instead")
+        object.__setattr__(self, name, spec.check(f"{self._path}.{name}", value))
+
+    def as_dict(self) -> dict:
+        out = {}
+        for name in self._fields():
+            value = getattr(self, name)
+            out[name] = value.as_dict() if isinstance(value, _Section) else value
+        return out
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.as_dict()})"
+
+
+class GraphDumpConfig(_Section):
+    type = _Typed(None, str, type(None))
+    path = _Typed("rewrite_dump", str)
+
+    def __setattr__(self, name, value):
+        if name == "type" and value is not None and value not in ("txt", "pbtxt", "py"):
+            raise ConfigError(f"{self._path}.type = {value!r} is not allowed; choose one of ['txt', 'pbtxt', 'py'] or None")
+        super().__setattr__(name, value)
+
+
+class DebugConfig(_Section):
+    graph_dump = GraphDumpConfig
+
+
+class InferenceConfig(_Section):
+    dynamic_gears_merge_policy = _Choice("zip", ("zip", "product"))
+    gear_fallback = _Choice("error", ("error", "pad", "dynamic"))
+
+
+class ExecConfig(_Section):
+    kernels = _Choice("aten", ("aten", "inductor"))
+    auto_streams = _Typed(False, bool)
+
+
+class GeConfig(_Section):
+    enable_single_stream = _Typed(False, bool)
+
+
+class ExportExperimentalConfig(_Section):
+    enable_record_nn_module_stack = _Typed(False, bool)
+
+
+class ExportConfig(_Section):
+    onnx = _Typed(False, bool)
+    experimental = ExportExperimentalConfig
+
+
+class RulesConfig(_Section):
+    # User rulesets (rewrite.dsl.RuleSet) run after the default library.
+    extra = _Typed([], list)
+    # Turn the e-graph optimizer off entirely (graphs still run, unoptimized).
+    enabled = _Typed(True, bool)
+    # Limits for one saturation run: it stops at whichever comes first and keeps the best graph so far.
+    node_limit = _Typed(200_000, int)
+    time_limit_s = _Typed(10.0, int, float)
+    iteration_limit = _Typed(30, int)
+    # Constants larger than this many elements are not produced by folding.
+    fold_size_limit = _Typed(65_536, int)
+
+
+class ExperimentalConfig(_Section):
+    # Treat parameters and buffers of an inference graph as constants (they may then be folded).
+    # Off by default: a frozen graph does not see later in-place updates of the weights.
+    frozen_parameter = _Typed(False, bool)
+
+
+class CompilerConfig(_Section):
+    """All options of the `rewrite` backend. Unknown fields raise `ConfigError`."""
+
+    mode = _Choice("max-autotune", ("max-autotune", "reduce-overhead"))
+    inference_config = InferenceConfig
+    exec = ExecConfig
+    ge_config = GeConfig
+    debug = DebugConfig
+    export = ExportConfig
+    rules = RulesConfig
+    experimental_config = ExperimentalConfig

@@ -1,0 +1,84 @@
+"""`config.debug.graph_dump`: write graphs as readable files (txt, pbtxt, py).
+
+File names carry the graph number, the rank and the pid, so dumps from several processes and
+several graphs of one model never overwrite each other. Files are written atomically.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .ir import Graph, Node, format_arg, format_meta, format_value
+from .utils import atomic_write_text
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["dump_graph", "graph_to_pbtxt", "graph_to_py"]
+
+
+def _rank() -> int:
+    try:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank()
+    except Exception:  # pragma: no cover - partially initialised process groups
+        pass
+    return int(os.environ.get("RANK", 0))
+
+
+def graph_to_pbtxt(g: Graph) -> str:
+    """A GE-style protobuf-text dump: one ``op { ... }`` block per node, with stream and inputs."""
+    lines = [f'graph {{\n  name: "{g.name}"']
+    for n in g.nodes:
+        lines.append("  op {")
+        lines.append(f'    name: "{n.name}"')
+        lines.append(f'    type: "{n.op}"')
+        for i in n.inputs:
+            lines.append(f'    input: "{i.name}"')
+        for w in n.attrs.get("wait_for", ()):
+            lines.append(f'    input: "^{w.name}"  # control edge: waits for {w.name}')
+        lines.append(f'    output_desc {{ meta: "{format_meta(n.meta)}" }}')
+        if n.attrs.get("stream") is not None:
+            lines.append(f'    attr {{ key: "_stream" value {{ s: "{n.attrs["stream"]}" }} }}')
+        if n.kind == "constant":
+            lines.append(f'    attr {{ key: "value" value {{ s: "{format_value(n.value)}" }} }}')
+        if n.kind == "call":
+            args = [format_arg(a) for a in n.args if not isinstance(a, Node)]
+            if args:
+                lines.append(f'    attr {{ key: "args" value {{ s: "{", ".join(args)}" }} }}')
+        for sync in n.attrs.get("syncs", ()):
+            lines.append(f'    attr {{ key: "_sync" value {{ s: "{sync}" }} }}')
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def graph_to_py(g: Graph) -> str:
+    """The graph as Python source that calls ATen ops, with a header naming the inputs."""
+    from .exec.codegen import generate_source
+
+    src, _ = generate_source(g)
+    header = "\n".join(f"# input %{p.name}: {format_meta(p.meta)}" for p in g.placeholders)
+    return f"# rewrite graph {g.name}\n{header}\n{src}"
+
+
+_WRITERS = {
+    "txt": lambda g: str(g) + "\n",
+    "pbtxt": graph_to_pbtxt,
+    "py": graph_to_py,
+}
+
+
+def dump_graph(g: Graph, config, graph_number: int, stage: str) -> str | None:
+    """Write ``g`` if ``config.debug.graph_dump.type`` is set; returns the file path."""
+    kind = config.debug.graph_dump.type
+    if kind is None:
+        return None
+    folder = config.debug.graph_dump.path
+    os.makedirs(folder, exist_ok=True)
+    name = f"rewrite_graph_{graph_number}_rank_{_rank()}_pid_{os.getpid()}_{g.name}_{stage}.{kind}"
+    path = os.path.join(folder, "".join(c if c.isalnum() or c in "._-" else "_" for c in name))
+    atomic_write_text(path, _WRITERS[kind](g))
+    log.info("dumped graph %s (%s) to %s", g.name, stage, path)
+    return path

@@ -1,0 +1,172 @@
+"""Conversion between torch.fx graphs (what Dynamo / AOTAutograd hand us) and the rewrite IR."""
+from __future__ import annotations
+
+import sympy
+import torch
+import torch.fx
+
+from .ir import Graph, Node, SymbolInfo, SymMeta, TensorMeta, map_nodes
+
+__all__ = ["from_fx", "to_fx", "meta_from_val", "CompileError"]
+
+
+class CompileError(RuntimeError):
+    """Compilation failed; the message names the node and the reason."""
+
+
+def _expr(v):
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return v.node.expr
+    if isinstance(v, bool):
+        return sympy.true if v else sympy.false
+    return sympy.sympify(v)
+
+
+def meta_from_val(val):
+    """FX ``meta['val']`` (FakeTensor, SymInt, tuple...) -> TensorMeta / SymMeta / tuple / None."""
+    if isinstance(val, torch.Tensor):
+        return TensorMeta(val.dtype, tuple(_expr(s) for s in val.shape), val.device)
+    if isinstance(val, (torch.SymBool, bool)):
+        return SymMeta(_expr(val), bool)
+    if isinstance(val, (torch.SymInt, int)):
+        return SymMeta(_expr(val), int)
+    if isinstance(val, (torch.SymFloat, float)):
+        return SymMeta(_expr(val), float)
+    if isinstance(val, (tuple, list)):
+        return tuple(meta_from_val(v) for v in val)
+    return None
+
+
+def _shape_env(gm: torch.fx.GraphModule):
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor) and getattr(v, "fake_mode", None) is not None:
+                if v.fake_mode.shape_env is not None:
+                    return v.fake_mode.shape_env
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return v.node.shape_env
+    return None
+
+
+def from_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
+    """Convert an FX GraphModule (with ``meta['val']`` on its nodes) to a rewrite `Graph`."""
+    g = Graph(name)
+    env: dict[torch.fx.Node, Node] = {}
+    remap = lambda n: env[n]  # noqa: E731
+    for fx_node in gm.graph.nodes:
+        meta = meta_from_val(fx_node.meta.get("val", fx_node.meta.get("example_value")))
+        try:
+            if fx_node.op == "placeholder":
+                node = g.placeholder(fx_node.name, meta)
+            elif fx_node.op == "get_attr":
+                value = _fetch_attr(gm, fx_node.target)
+                if isinstance(value, torch.fx.GraphModule):
+                    value = from_fx(value, name=f"{name}.{fx_node.target}")
+                node = g.constant(value, meta if meta is not None else None)
+                node.name = fx_node.name
+            elif fx_node.op == "call_function":
+                args = torch.fx.node.map_arg(fx_node.args, remap)
+                kwargs = torch.fx.node.map_arg(fx_node.kwargs, remap)
+                # Subgraph arguments of higher-order ops are inlined as Graph objects.
+                args = map_nodes(args, lambda n: n.value if n.kind == "constant" and isinstance(n.value, Graph) else n)
+                node = g.call(fx_node.target, args, kwargs, meta)
+                node.name = fx_node.name
+                stack = fx_node.meta.get("nn_module_stack")
+                if stack:
+                    node.attrs["module_stack"] = [path for path, _ in stack.values()]
+            elif fx_node.op == "output":
+                outs = torch.fx.node.map_arg(fx_node.args[0], remap)
+                g.set_output(tuple(outs) if isinstance(outs, list) else outs)
+                continue
+            else:
+                raise CompileError(f"node {fx_node.name}: unsupported FX op kind {fx_node.op!r} "
+                                   "(expected placeholder, get_attr, call_function or output)")
+        except CompileError:
+            raise
+        except Exception as e:  # name the node that broke conversion
+            raise CompileError(f"node {fx_node.name} ({fx_node.target}): cannot convert to the rewrite IR: {e}") from e
+        env[fx_node] = node
+    # Subgraph constants referenced only by HOP args are no longer needed as nodes.
+    g.prune()
+    _collect_symbols(g, _shape_env(gm))
+    return g
+
+
+def _fetch_attr(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _collect_symbols(g: Graph, shape_env) -> None:
+    """Record, for each size symbol, an input it can be read from and its known range."""
+    for idx, p in enumerate(g.placeholders):
+        if isinstance(p.meta, TensorMeta):
+            for d, s in enumerate(p.meta.shape):
+                if isinstance(s, sympy.Symbol) and s not in g.symbols:
+                    g.symbols[s] = SymbolInfo(idx, d)
+        elif isinstance(p.meta, SymMeta) and isinstance(p.meta.expr, sympy.Symbol):
+            info = g.symbols.setdefault(p.meta.expr, SymbolInfo(None, None))
+            info.scalar_input_index = idx
+    for s in g.free_symbols():
+        info = g.symbols.setdefault(s, SymbolInfo(None, None))
+        if shape_env is not None and s in getattr(shape_env, "var_to_range", {}):
+            r = shape_env.var_to_range[s]
+            try:
+                info.lower = int(r.lower)
+            except (TypeError, ValueError):
+                pass
+            try:
+                info.upper = None if r.upper.is_infinite or r.upper == sympy.oo else int(r.upper)
+            except (TypeError, ValueError, AttributeError):
+                info.upper = None
+
+
+def to_fx(g: Graph) -> torch.fx.GraphModule:
+    """Convert a rewrite `Graph` back to a runnable FX GraphModule."""
+    root = torch.nn.Module()
+    fx_graph = torch.fx.Graph()
+    env: dict[int, torch.fx.Node] = {}
+    counter = [0]
+
+    def attr(value, prefix):
+        name = f"{prefix}{counter[0]}"
+        counter[0] += 1
+        if isinstance(value, torch.Tensor):
+            root.register_buffer(name, value)
+        else:
+            setattr(root, name, value)
+        return fx_graph.get_attr(name)
+
+    def lower(obj):
+        if isinstance(obj, Node):
+            return env[obj.id]
+        if isinstance(obj, Graph):
+            return attr(to_fx(obj), "subgraph")
+        if isinstance(obj, tuple):
+            return tuple(lower(x) for x in obj)
+        if isinstance(obj, list):
+            return [lower(x) for x in obj]
+        if isinstance(obj, dict):
+            return {k: lower(v) for k, v in obj.items()}
+        return obj
+
+    for n in g.nodes:
+        if n.kind == "placeholder":
+            fx_node = fx_graph.placeholder(n.name)
+        elif n.kind == "constant":
+            v = n.value
+            fx_node = attr(v, "_const") if isinstance(v, (torch.Tensor, Graph)) else v
+            if isinstance(v, Graph):
+                fx_node = attr(to_fx(v), "subgraph")
+        elif n.kind == "call":
+            fx_node = fx_graph.call_function(n.target, lower(n.args), lower(n.kwargs))
+        else:
+            fx_graph.output(lower(n.args[0]))
+            continue
+        env[n.id] = fx_node
+    return torch.fx.GraphModule(root, fx_graph)
+

@@ -1,0 +1,462 @@
+"""The rewrite IR: one small graph type that every layer speaks.
+
+A `Graph` is a list of `Node`s in topological order. Each node has
+
+* ``kind``: ``"placeholder"`` (a graph input), ``"constant"`` (a tensor or scalar known at compile
+  time, kept in ``attrs["value"]``), ``"call"`` (an ATen overload, a Python operator on sizes such
+  as ``operator.mul``, ``operator.getitem`` on a multi-output node, or a higher-order op such as
+  ``torch.ops.higher_order.cond``) or ``"output"``;
+* ``target``: the callable for ``"call"`` nodes;
+* ``args``/``kwargs``: nested tuples/lists/dicts holding `Node` references, Python scalars,
+  dtypes, devices, and `Graph` objects (the branches and bodies of control-flow ops);
+* ``meta``: what the node produces, symbolically. A `TensorMeta` (dtype, device, shape as a
+  tuple of sympy expressions), a `SymMeta` (a Python int/float/bool whose value is a sympy
+  expression over the graph's size symbols), a tuple of those for multi-output ops, or None;
+* ``attrs``: everything else a pass wants to keep with the node (its stream, its module path, its
+  placeholder name, its constant value).
+
+The graph also owns its size symbols: for each sympy symbol, where it can be read off the inputs
+(input index, dimension) and its known range.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+from typing import Any, Callable, Iterable, Iterator
+
+import sympy
+import torch
+
+__all__ = [
+    "TensorMeta",
+    "SymMeta",
+    "Node",
+    "Graph",
+    "SymbolInfo",
+    "map_nodes",
+    "iter_nodes",
+    "op_name",
+    "is_side_effect",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    dtype: torch.dtype
+    shape: tuple  # of sympy.Expr
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def is_static(self) -> bool:
+        return all(isinstance(s, (int, sympy.Integer)) or getattr(s, "is_Integer", False) for s in self.shape)
+
+    def numel(self):
+        return sympy.Mul(*self.shape) if self.shape else sympy.Integer(1)
+
+    def subs(self, mapping: dict) -> "TensorMeta":
+        return TensorMeta(self.dtype, tuple(sympy.sympify(s).subs(mapping) for s in self.shape), self.device)
+
+    def __str__(self):
+        dt = str(self.dtype).replace("torch.", "")
+        dev = "" if self.device.type == "cpu" else f"@{self.device}"
+        return f"{dt}[{', '.join(str(s) for s in self.shape)}]{dev}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SymMeta:
+    """A scalar computed from sizes; ``expr`` is its value as a sympy expression."""
+
+    expr: Any  # sympy.Expr (int/float/bool valued)
+    pytype: type = int
+
+    def subs(self, mapping: dict) -> "SymMeta":
+        return SymMeta(sympy.sympify(self.expr).subs(mapping), self.pytype)
+
+    def __str__(self):
+        return f"{self.pytype.__name__}={self.expr}"
+
+
+@dataclasses.dataclass
+class SymbolInfo:
+    """Where a size symbol comes from and what is known about it."""
+
+    input_index: int | None  # graph input whose size holds the symbol (None: only a SymInt input)
+    dim: int | None
+    lower: int = 0
+    upper: int | None = None  # None: unbounded
+    scalar_input_index: int | None = None  # a SymInt placeholder carrying the value, if any
+
+
+_ids = itertools.count()
+
+
+class Node:
+    __slots__ = ("kind", "target", "args", "kwargs", "meta", "attrs", "name", "graph", "id")
+
+    def __init__(self, kind: str, target=None, args=(), kwargs=None, meta=None, attrs=None, name=None):
+        assert kind in ("placeholder", "constant", "call", "output"), kind
+        self.kind = kind
+        self.target = target
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.meta = meta
+        self.attrs = dict(attrs or {})
+        self.id = next(_ids)
+        self.name = name or f"n{self.id}"
+        self.graph: Graph | None = None
+
+    # -- helpers -----------------------------------------------------------------------------
+    @property
+    def inputs(self) -> list["Node"]:
+        """The nodes this node reads, in argument order, without duplicates."""
+        seen, out = set(), []
+        for n in iter_nodes((self.args, self.kwargs)):
+            if n.id not in seen:
+                seen.add(n.id)
+                out.append(n)
+        return out
+
+    @property
+    def value(self):
+        return self.attrs.get("value")
+
+    @property
+    def op(self) -> str:
+        return op_name(self)
+
+    def __repr__(self):
+        return f"%{self.name}"
+
+
+def iter_nodes(obj) -> Iterator[Node]:
+    """All `Node`s inside a nested args structure (does not descend into subgraphs)."""
+    if isinstance(obj, Node):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from iter_nodes(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from iter_nodes(x)
+
+
+def map_nodes(obj, fn: Callable[[Node], Any]):
+    """Rebuild a nested args structure with every `Node` replaced by ``fn(node)``."""
+    if isinstance(obj, Node):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(map_nodes(x, fn) for x in obj)
+    if isinstance(obj, list):
+        return [map_nodes(x, fn) for x in obj]
+    if isinstance(obj, dict):
+        return {k: map_nodes(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def op_name(node: Node) -> str:
+    """A short stable name for what the node does: ``aten.mm.default``, ``getitem``, ``placeholder``."""
+    if node.kind != "call":
+        return node.kind
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        return f"higher_order.{t.name()}"
+    mod = getattr(t, "__module__", "") or ""
+    name = getattr(t, "__name__", repr(t))
+    if mod in ("_operator", "operator"):
+        return name
+    return f"{mod}.{name}" if mod else name
+
+
+def is_side_effect(node: Node) -> bool:
+    """Nodes that must survive pruning even when nothing reads them."""
+    if node.kind in ("output", "placeholder"):
+        return True
+    if node.kind != "call":
+        return False
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        if t._schema.is_mutable:
+            return True
+        tags = getattr(t, "tags", ())
+        if torch.Tag.nondeterministic_seeded in tags:
+            return False
+        return t.namespace in ("rewrite_stream",) or node.attrs.get("side_effect", False)
+    return node.attrs.get("side_effect", False)
+
+
+class Graph:
+    """A graph of `Node`s in topological order with one output node."""
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.nodes: list[Node] = []
+        self.symbols: dict[sympy.Symbol, SymbolInfo] = {}
+
+    # -- building ----------------------------------------------------------------------------
+    def add(self, node: Node, before: Node | None = None) -> Node:
+        node.graph = self
+        if before is None:
+            self.nodes.append(node)
+        else:
+            self.nodes.insert(self.nodes.index(before), node)
+        return node
+
+    def placeholder(self, name: str, meta=None) -> Node:
+        return self.add(Node("placeholder", meta=meta, attrs={"name": name}, name=name))
+
+    def constant(self, value, meta=None, before: Node | None = None) -> Node:
+        if meta is None:
+            meta = meta_of_value(value)
+        return self.add(Node("constant", meta=meta, attrs={"value": value}), before=before)
+
+    def call(self, target, args=(), kwargs=None, meta=None, attrs=None, before: Node | None = None) -> Node:
+        return self.add(Node("call", target, args, kwargs, meta, attrs), before=before)
+
+    def set_output(self, values) -> Node:
+        for n in list(self.nodes):
+            if n.kind == "output":
+                self.nodes.remove(n)
+        return self.add(Node("output", args=(values,), name="output"))
+
+    # -- reading -----------------------------------------------------------------------------
+    @property
+    def placeholders(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "placeholder"]
+
+    @property
+    def output(self) -> Node:
+        for n in reversed(self.nodes):
+            if n.kind == "output":
+                return n
+        raise ValueError(f"graph {self.name} has no output node")
+
+    @property
+    def outputs(self):
+        """The nested structure the graph returns (usually a tuple of nodes)."""
+        return self.output.args[0]
+
+    def users(self) -> dict[int, list[Node]]:
+        """Map from node id to the nodes that read it."""
+        out: dict[int, list[Node]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                out.setdefault(i.id, []).append(n)
+        return out
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            if n.kind == "call":
+                counts[n.op] = counts.get(n.op, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def num_ops(self) -> int:
+        return sum(1 for n in self.nodes if n.kind == "call")
+
+    def free_symbols(self) -> set:
+        syms = set()
+        for n in self.nodes:
+            for m in _metas(n.meta):
+                if isinstance(m, TensorMeta):
+                    for s in m.shape:
+                        syms |= sympy.sympify(s).free_symbols
+                elif isinstance(m, SymMeta):
+                    syms |= sympy.sympify(m.expr).free_symbols
+        return syms
+
+    def is_static(self) -> bool:
+        return not self.free_symbols()
+
+    # -- editing -----------------------------------------------------------------------------
+    def replace_all_uses(self, old: Node, new) -> None:
+        """Make every reader of ``old`` read ``new`` (a Node or a Python value) instead."""
+        swap = lambda n: new if n is old else n  # noqa: E731
+        for n in self.nodes:
+            if n is old:
+                continue
+            n.args = map_nodes(n.args, swap)
+            n.kwargs = map_nodes(n.kwargs, swap)
+
+    def remove(self, node: Node) -> None:
+        self.nodes.remove(node)
+
+    def prune(self) -> int:
+        """Drop nodes that neither reach the output nor have side effects. Returns how many."""
+        live: set[int] = set()
+        stack = [n for n in self.nodes if is_side_effect(n)]
+        while stack:
+            n = stack.pop()
+            if n.id in live:
+                continue
+            live.add(n.id)
+            stack.extend(n.inputs)
+        before = len(self.nodes)
+        # Placeholders always stay: the calling convention depends on them.
+        self.nodes = [n for n in self.nodes if n.id in live or n.kind == "placeholder"]
+        return before - len(self.nodes)
+
+    def topo_sort(self) -> None:
+        """Re-establish topological order (stable: keeps the current order where it can)."""
+        index = {n.id: i for i, n in enumerate(self.nodes)}
+        done: set[int] = set()
+        order: list[Node] = []
+
+        for root in self.nodes:
+            if root.id in done:
+                continue
+            stack = [(root, False)]
+            while stack:
+                n, expanded = stack.pop()
+                if n.id in done:
+                    continue
+                if expanded:
+                    done.add(n.id)
+                    order.append(n)
+                    continue
+                stack.append((n, True))
+                for i in sorted(n.inputs, key=lambda x: -index.get(x.id, -1)):
+                    if i.id not in done:
+                        if i.id not in index:
+                            raise ValueError(f"{n} reads {i}, which is not in graph {self.name}")
+                        stack.append((i, False))
+        placeholders = [n for n in order if n.kind == "placeholder"]
+        rest = [n for n in order if n.kind not in ("placeholder", "output")]
+        outs = [n for n in order if n.kind == "output"]
+        self.nodes = placeholders + rest + outs
+
+    def copy(self) -> "Graph":
+        """A deep copy of the structure (tensor constants are shared, not cloned)."""
+        g, _ = self.copy_with_map()
+        return g
+
+    def copy_with_map(self) -> tuple["Graph", dict[int, Node]]:
+        g = Graph(self.name)
+        g.symbols = {k: dataclasses.replace(v) for k, v in self.symbols.items()}
+        mapping: dict[int, Node] = {}
+        remap = lambda n: mapping[n.id]  # noqa: E731
+        for n in self.nodes:
+            args = _copy_subgraphs(map_nodes(n.args, remap))
+            m = Node(n.kind, n.target, args, map_nodes(n.kwargs, remap), n.meta, dict(n.attrs), name=n.name)
+            mapping[n.id] = m
+            g.add(m)
+        return g, mapping
+
+    def validate(self) -> None:
+        """Check structural invariants; raises ValueError naming the broken node."""
+        seen: set[int] = set()
+        outputs = 0
+        for n in self.nodes:
+            for i in n.inputs:
+                if i.id not in seen:
+                    raise ValueError(f"node {n} ({n.op}) reads {i} before it is defined in graph {self.name}")
+            if n.kind == "output":
+                outputs += 1
+            seen.add(n.id)
+        if outputs != 1:
+            raise ValueError(f"graph {self.name} must have exactly one output node, has {outputs}")
+
+    # -- printing ----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        return format_graph(self)
+
+
+def _copy_subgraphs(obj):
+    if isinstance(obj, Graph):
+        return obj.copy()
+    if isinstance(obj, tuple):
+        return tuple(_copy_subgraphs(x) for x in obj)
+    if isinstance(obj, list):
+        return [_copy_subgraphs(x) for x in obj]
+    return obj
+
+
+def _metas(meta) -> Iterable:
+    if isinstance(meta, (tuple, list)):
+        for m in meta:
+            yield from _metas(m)
+    elif meta is not None:
+        yield meta
+
+
+def meta_of_value(value):
+    """The meta of a concrete Python/tensor value."""
+    if isinstance(value, torch.Tensor):
+        return TensorMeta(value.dtype, tuple(sympy.Integer(s) for s in value.shape), value.device)
+    if isinstance(value, bool):
+        return SymMeta(sympy.true if value else sympy.false, bool)
+    if isinstance(value, int):
+        return SymMeta(sympy.Integer(value), int)
+    if isinstance(value, float):
+        return SymMeta(sympy.Float(value), float)
+    if isinstance(value, (tuple, list)):
+        return tuple(meta_of_value(v) for v in value)
+    return None
+
+
+# -- printing ------------------------------------------------------------------------------------
+
+def format_arg(a) -> str:
+    if isinstance(a, Node):
+        return f"%{a.name}"
+    if isinstance(a, Graph):
+        return f"<graph {a.name}>"
+    if isinstance(a, (list, tuple)):
+        inner = ", ".join(format_arg(x) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+    if isinstance(a, dict):
+        return "{" + ", ".join(f"{k}: {format_arg(v)}" for k, v in a.items()) + "}"
+    if isinstance(a, torch.dtype):
+        return str(a).replace("torch.", "")
+    if isinstance(a, torch.Tensor):
+        return f"tensor({str(a.dtype).replace('torch.', '')}{list(a.shape)})"
+    return repr(a)
+
+
+def format_meta(meta) -> str:
+    if isinstance(meta, (tuple, list)):
+        return "(" + ", ".join(format_meta(m) for m in meta) + ")"
+    return "?" if meta is None else str(meta)
+
+
+def format_value(v) -> str:
+    if isinstance(v, torch.Tensor):
+        if v.numel() <= 8:
+            return f"tensor({v.tolist()}, {str(v.dtype).replace('torch.', '')})"
+        return f"tensor(<{v.numel()} elements>)"
+    return repr(v)
+
+
+def format_graph(g: Graph, indent: str = "") -> str:
+    lines = [f"{indent}graph {g.name}(" + ", ".join(f"%{p.name}: {format_meta(p.meta)}" for p in g.placeholders) + "):"]
+    for n in g.nodes:
+        extra = ""
+        if n.attrs.get("stream") not in (None, "0", 0):
+            extra += f"  # stream={n.attrs['stream']}"
+        if n.attrs.get("wait_for"):
+            extra += f"  # waits for {', '.join('%' + w.name for w in n.attrs['wait_for'])}"
+        if n.kind == "placeholder":
+            continue
+        if n.kind == "output":
+            lines.append(f"{indent}  return {format_arg(n.args[0])}")
+            continue
+        if n.kind == "constant":
+            lines.append(f"{indent}  %{n.name}: {format_meta(n.meta)} = constant {format_value(n.value)}{extra}")
+            continue
+        args = [format_arg(a) for a in n.args] + [f"{k}={format_arg(v)}" for k, v in n.kwargs.items()]
+        lines.append(f"{indent}  %{n.name}: {format_meta(n.meta)} = {n.op}({', '.join(args)}){extra}")
+        for a in n.args:
+            for sub in (a if isinstance(a, (list, tuple)) else [a]):
+                if isinstance(sub, Graph):
+                    lines.append(format_graph(sub, indent + "    "))
+    return "\n".join(lines)
+
+
+SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
+            operator.neg, operator.pow, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+            operator.ge}

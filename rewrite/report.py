@@ -1,0 +1,89 @@
+"""What the compiler did: op counts, passes and rules applied, time per stage.
+
+A `CompileReport` collects one `GraphReport` per compiled graph (forward, backward, one per
+Dynamo graph after a graph break). `rewrite.explain` returns one; the backend logs a summary.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+__all__ = ["CompileReport", "GraphReport"]
+
+
+@dataclasses.dataclass
+class GraphReport:
+    name: str
+    ops_before: dict = dataclasses.field(default_factory=dict)
+    ops_after: dict = dataclasses.field(default_factory=dict)
+    # pass or rule name -> how many times it fired (or nodes it removed)
+    applied: dict = dataclasses.field(default_factory=dict)
+    stage_seconds: dict = dataclasses.field(default_factory=dict)
+    # gear (tuple of symbol values) -> op counts of that gear's static graph
+    gears: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def count(self, what: str, n: int = 1) -> None:
+        if n:
+            self.applied[what] = self.applied.get(what, 0) + n
+
+    def __str__(self) -> str:
+        before, after = sum(self.ops_before.values()), sum(self.ops_after.values())
+        lines = [f"graph {self.name}: {before} ops -> {after} ops"]
+        names = sorted(set(self.ops_before) | set(self.ops_after))
+        if names:
+            width = max(len(n) for n in names)
+            lines.append(f"  {'op':<{width}}  before  after")
+            for n in names:
+                b, a = self.ops_before.get(n, 0), self.ops_after.get(n, 0)
+                mark = "" if a == b else "  *"
+                lines.append(f"  {n:<{width}}  {b:>6}  {a:>5}{mark}")
+        if self.applied:
+            lines.append("  applied: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.applied.items())))
+        if self.gears:
+            lines.append("  gears:")
+            for gear, counts in self.gears.items():
+                lines.append(f"    {gear}: {sum(counts.values())} ops")
+        if self.stage_seconds:
+            lines.append("  time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items()))
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class CompileReport:
+    graphs: list = dataclasses.field(default_factory=list)
+    graph_breaks: int = 0
+
+    def new_graph(self, name: str) -> GraphReport:
+        r = GraphReport(name)
+        self.graphs.append(r)
+        return r
+
+    @property
+    def ops_before(self) -> int:
+        return sum(sum(g.ops_before.values()) for g in self.graphs)
+
+    @property
+    def ops_after(self) -> int:
+        return sum(sum(g.ops_after.values()) for g in self.graphs)
+
+    def applied(self) -> dict:
+        out: dict = {}
+        for g in self.graphs:
+            for k, v in g.applied.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def __str__(self) -> str:
+        head = f"rewrite: {len(self.graphs)} graph(s), {self.ops_before} ops -> {self.ops_after} ops"
+        return "\n".join([head] + [str(g) for g in self.graphs])
