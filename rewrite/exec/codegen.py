@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from ..fx_bridge import CompileError
 from ..ir import Graph, Node
 
 __all__ = ["generate_source", "compile_graph_to_python"]
@@ -82,7 +83,11 @@ class _Emitter:
                 break
             var = f"v{len(self.names)}"
             self.names[n.id] = var
-            self.lines.append(f"{var} = {self.call_expr(n)}")
+            try:
+                expr = self.call_expr(n)
+            except Exception as e:
+                raise CompileError(f"node %{n.name} ({n.op}) in graph {g.name}: cannot generate code: {e}") from e
+            self.lines.append(f"{var} = {expr}")
             dead = [i for i in n.inputs if last_use.get(i.id) == idx and i.kind == "call"]
             if dead:
                 self.lines.append("del " + ", ".join(self.names[i.id] for i in dead))
