@@ -106,8 +106,10 @@ def _collect_symbols(g: Graph, shape_env) -> None:
     for idx, p in enumerate(g.placeholders):
         if isinstance(p.meta, TensorMeta):
             for d, s in enumerate(p.meta.shape):
-                if isinstance(s, sympy.Symbol) and s not in g.symbols:
-                    g.symbols[s] = SymbolInfo(idx, d)
+                if isinstance(s, sympy.Symbol):
+                    info = g.symbols.setdefault(s, SymbolInfo(None, None))
+                    if info.input_index is None:
+                        info.input_index, info.dim = idx, d
         elif isinstance(p.meta, SymMeta) and isinstance(p.meta.expr, sympy.Symbol):
             info = g.symbols.setdefault(p.meta.expr, SymbolInfo(None, None))
             info.scalar_input_index = idx

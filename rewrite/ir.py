@@ -61,7 +61,7 @@ class TensorMeta:
         return TensorMeta(self.dtype, tuple(sympy.sympify(s).subs(mapping) for s in self.shape), self.device)
 
     def __str__(self):
-        dt = str(self.dtype).replace("torch.", "")
+        dt = short_dtype(self.dtype)
         dev = "" if self.device.type == "cpu" else f"@{self.device}"
         return f"{dt}[{', '.join(str(s) for s in self.shape)}]{dev}"
 
@@ -401,6 +401,16 @@ def meta_of_value(value):
 
 # -- printing ------------------------------------------------------------------------------------
 
+_SHORT_DTYPES = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+    torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
+}
+
+
+def short_dtype(dtype: torch.dtype) -> str:
+    return _SHORT_DTYPES.get(dtype, str(dtype).replace("torch.", ""))
+
 def format_arg(a) -> str:
     if isinstance(a, Node):
         return f"%{a.name}"
@@ -412,7 +422,7 @@ def format_arg(a) -> str:
     if isinstance(a, dict):
         return "{" + ", ".join(f"{k}: {format_arg(v)}" for k, v in a.items()) + "}"
     if isinstance(a, torch.dtype):
-        return str(a).replace("torch.", "")
+        return short_dtype(a)
     if isinstance(a, torch.Tensor):
         return f"tensor({str(a.dtype).replace('torch.', '')}{list(a.shape)})"
     return repr(a)

@@ -38,7 +38,7 @@ class _Emitter:
         key = id(value)
         if key in self._bound:
             return self._bound[key]
-        name = f"{prefix}{len(self.globals)}"
+        name = f"{prefix}_{len(self.globals)}" if prefix[-1].isdigit() else f"{prefix}{len(self.globals)}"
         self.globals[name] = value
         self._bound[key] = name
         return name
@@ -105,7 +105,8 @@ class _Emitter:
         if t is operator.neg and len(args) == 1:
             return f"(-{args[0]})"
         fn = t._op if isinstance(t, torch._ops.OpOverload) else t
-        return f"{self.bind(fn, 'k')}({', '.join(args + kwargs)})"
+        # Kernel globals are named after the op, so generated code and `py` dumps read well.
+        return f"{self.bind(fn, _safe(n.op) + '_')}({', '.join(args + kwargs)})"
 
 
 def _safe(name: str) -> str:
