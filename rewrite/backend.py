@@ -104,6 +104,7 @@ class RewriteBackend:
             rep.ops_before = graph.op_counts()
         dump_graph(graph, self.config, number, "before")
         graph = optimize(graph, self.config, rep)
+        self.on_optimized(graph, name, frozen, gear_spec)
         rep.ops_after = graph.op_counts()
         dump_graph(graph, self.config, number, "after")
 
@@ -119,6 +120,9 @@ class RewriteBackend:
         # AOTAutograd calls compiled graphs with one list argument ("boxed"), so it can free inputs early.
         return make_boxed_func(fn)
 
+    def on_optimized(self, graph: Graph, name: str, frozen: dict, gear_spec) -> None:
+        """Hook called with each optimized graph before it is built; rewrite.export captures graphs here."""
+
 
 def _freeze(graph: Graph, frozen: dict) -> None:
     """Replace the uses of weight placeholders by constants holding the weights themselves."""
@@ -127,7 +131,10 @@ def _freeze(graph: Graph, frozen: dict) -> None:
     placeholders = graph.placeholders
     for index, tensor in frozen.items():
         p = placeholders[index]
-        const = graph.constant(tensor.detach(), p.meta, before=graph.nodes[len(placeholders)])
+        # AOTAutograd calls compilers under its fake mode; the real weight must not be traced by it.
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            value = tensor.detach()
+        const = graph.constant(value, p.meta, before=graph.nodes[len(placeholders)])
         const.attrs["weight_name"] = p.name
         graph.replace_all_uses(p, const)
 
