@@ -1,0 +1,722 @@
+"""The rule DSL: a rewrite rule is one declaration, pattern on the left, replacement on the right.
+
+Example (a rule file reads like a table)::
+
+    from rewrite.dsl import aten, rule, RuleSet, variables, is_float, same_shape, shape_is, value_is
+
+    x, y, c, s = variables("x y c s")
+    RULES = RuleSet("algebra.identity", [
+        rule(aten.neg.default(aten.neg.default(x)), x, name="neg_neg"),
+        rule(aten.mul.Tensor(x, c), x, when=[value_is(c, 1)], name="mul_one"),
+        rule(aten.add.Tensor(x, 0), x, when=[is_float(x)], name="add_zero_int_literal"),
+        rule(aten.reshape.default(x, s), x, when=[shape_is(x, s)], name="reshape_noop"),
+        rule(aten.t.default(aten.t.default(x)), x, name="t_t"),
+    ])
+
+Public API (stable; the rule library and ``rewrite.testing`` are written against it)
+----------------------------------------------------------------------------------
+Patterns
+    ``Var(name)`` / ``variables("x y z")``
+        A pattern variable. It matches any argument: a tensor-valued node, a size (SymInt), a
+        scalar, a list. The same name used twice must bind the same value (the same e-class).
+    ``aten.<op>.<overload>(*args, **kwargs)``, ``op(target)(*args, **kwargs)``
+        An ``OpPattern`` for a call of that target. ATen calls are stored in canonical form: every
+        schema argument is present, missing ones filled with their schema default. So a pattern
+        means exactly the call as written (``aten.sum.dim_IntList(x, [1])`` means keepdim=False),
+        and ``pattern.args``/``pattern.kwargs`` are what you would pass to the op.
+        ``op(operator.mul)(a, b)`` matches size arithmetic; ``op(operator.getitem)(t, 0)`` the first
+        output of a multi-output op.
+    Python values (``1``, ``0.0``, ``True``, ``None``, ``torch.float32``, ``[0, 1]``) are literals
+        (``Lit``). Literals are typed: ``1`` does not match ``1.0`` and ``0.0`` does not match
+        ``-0.0``, because type promotion and signed zeros make them different values.
+
+Conditions (the ``when=[...]`` list; all must hold)
+    ``is_float(x)``, ``is_integer(x)`` (integer dtypes, not bool), ``is_bool(x)``,
+    ``dtype_is(x, *dtypes)``, ``same_dtype(x, y)``, ``same_shape(x, y)``,
+    ``shape_is(x, s)`` (the shape of tensor ``x`` equals the size list ``s``: a variable bound to
+    a list argument, or a literal list), ``rank_is(x, n)``, ``value_is(c, v)`` (``c`` is a
+    compile-time constant tensor or scalar whose elements all equal ``v``; typed like literals
+    only in that NaN never equals anything and -0.0 is distinct from 0.0).
+    Every condition can be checked in two places: inside the e-graph (dtype and canonical sympy
+    shape strings are analysis functions keyed by e-class) and in Python on concrete values with
+    ``cond.holds(binding)``; ``binding`` maps variable names to tensors, Python values, or
+    ``TensorMeta``/``SymMeta`` (for metas, ``value_is`` cannot hold).
+
+Rules
+    ``rule(lhs, rhs, when=(), name=None)`` returns a ``Rule``. ``rhs`` is a pattern built from
+    ``lhs``'s variables and literals, or a Python callable ``rhs(**binding) -> value`` (a
+    *computed* replacement, e.g. folding). Pattern rules run inside the e-graph; computed rules
+    are applied by the Python matcher on the IR between saturation rounds.
+    Soundness guard applied by the engine to every rule: a replacement is only accepted where its
+    dtype and shape equal those of the matched expression, so broadcasting or type promotion can
+    never silently change a result. Replacements inherit the stream of the matched node, and all
+    op nodes of a pattern must be on the same stream.
+    ``Rule`` exposes: ``name``, ``lhs``, ``rhs``, ``when``, ``variables`` (names in ``lhs``),
+    ``var_types()`` (name -> torch's schema type string of the first position the variable
+    takes in ``lhs``: ``"Tensor"``, ``"List[int]"``, ``"List[SymInt]"``, ``"Scalar"``,
+    ``"Optional[List[int]]"``...), ``is_computed``,
+    ``conditions_hold(binding)``, ``match(tree)`` (``tree`` built from ``Call(target, args)``
+    records and values; returns the binding or None), and ``apply(binding)`` which evaluates the
+    replacement on concrete values (``evaluate(pattern, binding)`` does that for any pattern).
+
+Rulesets
+    ``RuleSet(name, rules, iterations=8, description="")``: a named group run together, at most
+    ``iterations`` times per saturation round. Rulesets are scheduled in list order
+    (``rewrite.rules.default_rulesets()``), and users add their own through
+    ``CompilerConfig().rules.extra = [RuleSet(...)]``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+__all__ = [
+    "Pattern", "Var", "Lit", "OpPattern", "variables", "op", "aten", "prims",
+    "Condition", "is_float", "is_integer", "is_bool", "dtype_is", "same_dtype", "same_shape",
+    "shape_is", "rank_is", "value_is",
+    "Rule", "RuleSet", "rule", "evaluate", "canonical_call", "target_name", "target_from_name",
+    "RuleError", "match", "Call", "shape_key", "splat_key", "dtype_str",
+]
+
+
+class RuleError(ValueError):
+    """A rule or pattern is malformed; the message names the rule and what is allowed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# targets: ATen overloads and Python operators, named the way the IR prints them
+
+def target_name(target) -> str:
+    """Stable name of a call target: ``aten.mul.Tensor``, ``mul`` (operator), ``higher_order.cond``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    mod = getattr(target, "__module__", "") or ""
+    name = getattr(target, "__name__", repr(target))
+    if mod in ("_operator", "operator"):
+        return name
+    return f"{mod}.{name}" if mod else name
+
+
+_known_targets: dict[str, Any] = {}
+
+
+def register_target(target) -> str:
+    """Remember ``target`` under its name so ``target_from_name`` can give it back."""
+    name = target_name(target)
+    _known_targets.setdefault(name, target)
+    return name
+
+
+def target_from_name(name: str):
+    """The callable named ``name`` (see `target_name`); raises RuleError if unknown."""
+    if name in _known_targets:
+        return _known_targets[name]
+    if hasattr(operator, name):
+        return getattr(operator, name)
+    parts = name.split(".")
+    if len(parts) == 3:
+        ns, opname, overload = parts
+        try:
+            t = getattr(getattr(getattr(torch.ops, ns), opname), overload)
+        except AttributeError:
+            t = None
+        if t is not None:
+            _known_targets[name] = t
+            return t
+    raise RuleError(f"unknown op target {name!r}; expected an ATen overload such as 'aten.mul.Tensor' "
+                    "or a Python operator such as 'mul'")
+
+
+def canonical_call(target, args: Sequence, kwargs: dict | None = None) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of an ATen call with every schema argument present.
+
+    Positional schema arguments go to ``args`` and keyword-only ones to ``kwargs``; missing ones
+    take their schema default. Two spellings of the same call thus compare equal, which is what
+    lets a pattern match a node and the e-graph CSE them. Non-ATen targets pass through.
+    """
+    kwargs = dict(kwargs or {})
+    if not isinstance(target, torch._ops.OpOverload):
+        return tuple(args), kwargs
+    schema = target._schema
+    out_args, out_kwargs = [], {}
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise RuleError(f"{target_name(target)} takes {len(positional)} positional arguments, got {len(args)}")
+    for i, a in enumerate(schema.arguments):
+        if not a.kwarg_only and i < len(args):
+            value = args[i]
+        elif a.name in kwargs:
+            value = kwargs.pop(a.name)
+        elif a.has_default_value():
+            value = a.default_value
+        else:
+            raise RuleError(f"{target_name(target)}: missing required argument {a.name!r} "
+                            f"(schema: {schema})")
+        (out_kwargs.__setitem__(a.name, value) if a.kwarg_only else out_args.append(value))
+    if kwargs:
+        raise RuleError(f"{target_name(target)}: unknown keyword arguments {sorted(kwargs)}; "
+                        f"schema: {schema}")
+    return tuple(out_args), out_kwargs
+
+
+def schema_types(target) -> tuple[list[str], dict[str, str]]:
+    """Schema type strings of the positional and keyword-only arguments ('Tensor', 'int[]', ...)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return [], {}
+    pos, kw = [], {}
+    for a in target._schema.arguments:
+        (kw.__setitem__(a.name, str(a.type)) if a.kwarg_only else pos.append(str(a.type)))
+    return pos, kw
+
+
+# ---------------------------------------------------------------------------------------------
+# patterns
+
+class Pattern:
+    """Base class of pattern trees: `Var`, `Lit`, `OpPattern`."""
+
+    def variables(self) -> list[str]:
+        out: list[str] = []
+        _collect_vars(self, out)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Var(Pattern):
+    """A pattern variable: matches anything; repeated names must bind the same value."""
+
+    name: str
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise RuleError(f"pattern variable name {self.name!r} must be a Python identifier")
+
+    def __repr__(self):
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Lit(Pattern):
+    """A literal argument: int, float, bool, None, str, torch.dtype, torch.device, or a list of those/patterns."""
+
+    value: Any
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpPattern(Pattern):
+    """A call of ``target`` with canonical ``args``/``kwargs`` (which may hold sub-patterns)."""
+
+    target: Any
+    args: tuple
+    kwargs: dict
+
+    @property
+    def name(self) -> str:
+        return target_name(self.target)
+
+    def __repr__(self):
+        inner = [_fmt(a) for a in self.args]
+        pos, kw = schema_types(self.target)
+        for k, v in self.kwargs.items():
+            default = _schema_default(self.target, k)
+            if not (default is not _NO_DEFAULT and _same_literal(default, v)):
+                inner.append(f"{k}={_fmt(v)}")
+        return f"{self.name}({', '.join(inner)})"
+
+
+_NO_DEFAULT = object()
+
+
+def _schema_default(target, name):
+    if isinstance(target, torch._ops.OpOverload):
+        for a in target._schema.arguments:
+            if a.name == name and a.has_default_value():
+                return a.default_value
+    return _NO_DEFAULT
+
+
+def _same_literal(a, b) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def _fmt(a) -> str:
+    if isinstance(a, list):
+        return "[" + ", ".join(_fmt(x) for x in a) + "]"
+    if isinstance(a, tuple):
+        return "(" + ", ".join(_fmt(x) for x in a) + ")"
+    if isinstance(a, torch.dtype):
+        return str(a)
+    return repr(a)
+
+
+def _as_pattern_arg(a):
+    """Arguments inside OpPattern: patterns stay, lists become lists of args, the rest are literals."""
+    if isinstance(a, Pattern):
+        return a.value if isinstance(a, Lit) and not isinstance(a.value, (list, tuple)) else a
+    if isinstance(a, (list, tuple)):
+        return [_as_pattern_arg(x) for x in a]
+    if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                   torch.memory_format)):
+        return a
+    raise RuleError(f"pattern argument {a!r} of type {type(a).__name__} is not allowed; use a Var, an op "
+                    "pattern, or a literal (int, float, bool, None, str, dtype, device, list)")
+
+
+def _collect_vars(p, out: list[str]) -> None:
+    if isinstance(p, Var):
+        if p.name not in out:
+            out.append(p.name)
+    elif isinstance(p, OpPattern):
+        for a in list(p.args) + list(p.kwargs.values()):
+            _collect_vars(a, out)
+    elif isinstance(p, (list, tuple)):
+        for a in p:
+            _collect_vars(a, out)
+    elif isinstance(p, Lit):
+        _collect_vars(p.value, out)
+
+
+def variables(names: str) -> tuple[Var, ...]:
+    """``x, y = variables("x y")``."""
+    return tuple(Var(n) for n in names.replace(",", " ").split())
+
+
+class _OpBuilder:
+    """``op(target)(*args, **kwargs)`` -> OpPattern in canonical form."""
+
+    def __init__(self, target):
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            if "default" not in target.overloads():
+                raise RuleError(f"{target} has several overloads {target.overloads()}; name one, "
+                                f"e.g. aten.{target.__name__}.{target.overloads()[0]}")
+            target = target.default
+        if not callable(target):
+            raise RuleError(f"op target {target!r} is not callable")
+        self.target = target
+        register_target(target)
+
+    def __call__(self, *args, **kwargs) -> OpPattern:
+        try:
+            cargs, ckwargs = canonical_call(self.target, args, kwargs)
+        except RuleError:
+            raise
+        return OpPattern(self.target, tuple(_as_pattern_arg(a) for a in cargs),
+                         {k: _as_pattern_arg(v) for k, v in ckwargs.items()})
+
+    def __repr__(self):
+        return f"op({target_name(self.target)})"
+
+
+def op(target) -> _OpBuilder:
+    """Pattern constructor for any call target (ATen overload, ``operator.mul``, ...)."""
+    return _OpBuilder(target)
+
+
+class _Namespace:
+    """``aten.mul.Tensor(x, y)``: attribute access mirrors ``torch.ops.aten``."""
+
+    def __init__(self, ns: str):
+        self._ns = ns
+
+    def __getattr__(self, opname: str):
+        packet = getattr(getattr(torch.ops, self._ns), opname)
+        return _PacketBuilder(packet)
+
+
+class _PacketBuilder:
+    def __init__(self, packet):
+        self._packet = packet
+
+    def __getattr__(self, overload: str) -> _OpBuilder:
+        return _OpBuilder(getattr(self._packet, overload))
+
+    def __call__(self, *args, **kwargs) -> OpPattern:
+        return _OpBuilder(self._packet)(*args, **kwargs)
+
+
+aten = _Namespace("aten")
+prims = _Namespace("prims")
+
+
+# ---------------------------------------------------------------------------------------------
+# conditions
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INT = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """A side condition of a rule. ``kind`` names the check; ``vars`` the variables it reads.
+
+    ``holds(binding)`` evaluates it in Python; the e-graph compiles the same check to a query on
+    its dtype/shape/value analyses (see ``rewrite.egraph.compile``).
+    """
+
+    kind: str
+    vars: tuple
+    arg: Any = None
+
+    def __repr__(self):
+        extra = "" if self.arg is None else ", " + (", ".join(_fmt(a) for a in self.arg) if isinstance(self.arg, tuple) else _fmt(self.arg))
+        return f"{self.kind}({', '.join(v.name if isinstance(v, Var) else _fmt(v) for v in self.vars)}{extra})"
+
+    def holds(self, binding: dict) -> bool:
+        vals = [_bound(v, binding) for v in self.vars]
+        k = self.kind
+        if k == "dtype_in":
+            d = _dtype_of(vals[0])
+            return d is not None and d in self.arg
+        if k == "same_dtype":
+            a, b = _dtype_of(vals[0]), _dtype_of(vals[1])
+            return a is not None and a == b
+        if k == "same_shape":
+            a, b = _shape_of(vals[0]), _shape_of(vals[1])
+            return a is not None and b is not None and shape_key(a) == shape_key(b)
+        if k == "shape_is":
+            a, s = _shape_of(vals[0]), _size_list(vals[1])
+            return a is not None and s is not None and shape_key(a) == shape_key(s)
+        if k == "rank_is":
+            a = _shape_of(vals[0])
+            return a is not None and len(a) == self.arg
+        if k == "value_is":
+            return splat_key(vals[0]) == splat_key(self.arg) is not None
+        raise RuleError(f"unknown condition kind {k!r}")
+
+
+def _var(v) -> Var:
+    if not isinstance(v, Var):
+        raise RuleError(f"conditions take pattern variables, got {v!r}")
+    return v
+
+
+def is_float(x: Var) -> Condition:
+    return Condition("dtype_in", (_var(x),), _FLOAT)
+
+
+def is_integer(x: Var) -> Condition:
+    return Condition("dtype_in", (_var(x),), _INT)
+
+
+def is_bool(x: Var) -> Condition:
+    return Condition("dtype_in", (_var(x),), (torch.bool,))
+
+
+def dtype_is(x: Var, *dtypes: torch.dtype) -> Condition:
+    if not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise RuleError(f"dtype_is({x!r}, ...) needs one or more torch.dtype values, got {dtypes!r}")
+    return Condition("dtype_in", (_var(x),), tuple(dtypes))
+
+
+def same_dtype(x: Var, y: Var) -> Condition:
+    return Condition("same_dtype", (_var(x), _var(y)))
+
+
+def same_shape(x: Var, y: Var) -> Condition:
+    return Condition("same_shape", (_var(x), _var(y)))
+
+
+def shape_is(x: Var, sizes) -> Condition:
+    """Shape of ``x`` equals ``sizes``: a Var bound to a size-list argument, or a literal list."""
+    if not isinstance(sizes, Var):
+        if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) for s in sizes):
+            raise RuleError(f"shape_is({x!r}, sizes): sizes must be a Var or a list of ints, got {sizes!r}")
+        sizes = Lit(list(sizes))
+    return Condition("shape_is", (_var(x), sizes))
+
+
+def rank_is(x: Var, n: int) -> Condition:
+    if not isinstance(n, int) or n < 0:
+        raise RuleError(f"rank_is({x!r}, n): n must be a non-negative int, got {n!r}")
+    return Condition("rank_is", (_var(x),), n)
+
+
+def value_is(c: Var, v) -> Condition:
+    """``c`` is a compile-time constant (tensor or scalar) all of whose elements equal ``v``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RuleError(f"value_is({c!r}, v): v must be an int or float, got {v!r}")
+    return Condition("value_is", (_var(c),), v)
+
+
+# Helpers shared with the e-graph: canonical keys, so the e-graph and Python agree exactly.
+
+def shape_key(shape) -> str:
+    """Canonical string of a shape (tuple of ints / sympy expressions)."""
+    import sympy
+
+    return "[" + ",".join(str(sympy.sympify(s)) for s in shape) + "]"
+
+
+def splat_key(value) -> str | None:
+    """Canonical string of 'every element equals this number', or None if not a splat."""
+    if isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, (int, float)):
+        f = float(value)
+        if math.isnan(f):
+            return None
+        return repr(f) if f != 0 else ("-0.0" if math.copysign(1, f) < 0 else "0.0")
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        if value.numel() == 0 or value.is_complex():
+            return None
+        flat = value.reshape(-1)
+        first = flat[0]
+        if not bool((flat == first).all()):
+            return None
+        if value.dtype.is_floating_point and bool((torch.signbit(flat) != torch.signbit(first)).any()):
+            return None
+        return splat_key(first.item())
+    return None
+
+
+def _bound(v, binding):
+    if isinstance(v, Var):
+        if v.name not in binding:
+            raise RuleError(f"condition reads variable {v.name!r}, which is not bound (bound: {sorted(binding)})")
+        return binding[v.name]
+    if isinstance(v, Lit):
+        return v.value
+    return v
+
+
+def _dtype_of(v):
+    from .ir import TensorMeta
+
+    if isinstance(v, (torch.Tensor, TensorMeta)):
+        return v.dtype
+    return None
+
+
+def _shape_of(v):
+    from .ir import TensorMeta
+
+    if isinstance(v, torch.Tensor):
+        return tuple(v.shape)
+    if isinstance(v, TensorMeta):
+        return tuple(v.shape)
+    return None
+
+
+def _size_list(v):
+    from .ir import SymMeta
+
+    if isinstance(v, (list, tuple, torch.Size)):
+        out = []
+        for s in v:
+            if isinstance(s, SymMeta):
+                out.append(s.expr)
+            elif isinstance(s, (int, torch.SymInt)) and not isinstance(s, bool):
+                out.append(s)
+            else:
+                return None
+        return tuple(out)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# rules and rulesets
+
+@dataclasses.dataclass(eq=False)
+class Rule:
+    """``lhs`` -> ``rhs`` when every condition in ``when`` holds."""
+
+    name: str
+    lhs: OpPattern
+    rhs: Any  # Pattern, literal, or callable(**binding) -> value
+    when: tuple = ()
+
+    def __post_init__(self):
+        if not isinstance(self.lhs, OpPattern):
+            raise RuleError(f"rule {self.name}: the left side must be an op pattern such as "
+                            f"aten.neg.default(x), got {self.lhs!r}")
+        lhs_vars = set(self.variables)
+        if not self.is_computed:
+            rhs = self.rhs if isinstance(self.rhs, Pattern) else Lit(self.rhs)
+            missing = set(rhs.variables()) - lhs_vars
+            if missing:
+                raise RuleError(f"rule {self.name}: the right side uses variables {sorted(missing)} "
+                                f"that the left side does not bind (left binds {sorted(lhs_vars)})")
+        for c in self.when:
+            if not isinstance(c, Condition):
+                raise RuleError(f"rule {self.name}: 'when' holds conditions such as is_float(x), got {c!r}")
+            unbound = {v.name for v in c.vars if isinstance(v, Var)} - lhs_vars
+            if unbound:
+                raise RuleError(f"rule {self.name}: condition {c!r} reads {sorted(unbound)}, "
+                                f"not bound by the left side {self.lhs!r}")
+
+    @property
+    def variables(self) -> list[str]:
+        return self.lhs.variables()
+
+    @property
+    def is_computed(self) -> bool:
+        return callable(self.rhs) and not isinstance(self.rhs, Pattern)
+
+    def var_types(self) -> dict[str, str]:
+        """Variable name -> schema type of the first position it takes in ``lhs``."""
+        out: dict[str, str] = {}
+
+        def walk(p, typ):
+            if isinstance(p, Var):
+                out.setdefault(p.name, typ or "Any")
+            elif isinstance(p, OpPattern):
+                pos, kw = schema_types(p.target)
+                for i, a in enumerate(p.args):
+                    walk(a, pos[i] if i < len(pos) else None)
+                for k, a in p.kwargs.items():
+                    walk(a, kw.get(k))
+            elif isinstance(p, (list, tuple)):
+                elem = typ[:-2] if typ and typ.endswith("[]") else None
+                for a in p:
+                    walk(a, elem)
+
+        walk(self.lhs, "Tensor")
+        return out
+
+    def conditions_hold(self, binding: dict) -> bool:
+        return all(c.holds(binding) for c in self.when)
+
+    def match(self, tree) -> dict | None:
+        """Match ``lhs`` against a value tree of `Call` records (see `match`)."""
+        return match(self.lhs, tree)
+
+    def apply(self, binding: dict):
+        """The replacement's value for concrete ``binding`` (tensors / Python values)."""
+        if self.is_computed:
+            return self.rhs(**binding)
+        return evaluate(self.rhs, binding)
+
+    def __repr__(self):
+        rhs = getattr(self.rhs, "__name__", "<computed>") if self.is_computed else _fmt(self.rhs)
+        when = f" when {', '.join(map(repr, self.when))}" if self.when else ""
+        return f"{self.name}: {self.lhs!r} -> {rhs}{when}"
+
+
+def rule(lhs: OpPattern, rhs, when: Iterable[Condition] = (), name: str | None = None) -> Rule:
+    """Declare ``lhs -> rhs`` (under conditions ``when``)."""
+    if name is None:
+        name = f"{getattr(lhs, 'name', 'rule')}#{abs(hash(repr(lhs))) % 10_000:04d}"
+    return Rule(name, lhs, rhs, tuple(when))
+
+
+@dataclasses.dataclass
+class RuleSet:
+    """A named, scheduled group of rules (run together up to ``iterations`` times per round)."""
+
+    name: str
+    rules: list
+    iterations: int = 8
+    description: str = ""
+
+    def __post_init__(self):
+        self.rules = list(self.rules)
+        if not self.name or not all(ch.isalnum() or ch in "._-" for ch in self.name):
+            raise RuleError(f"ruleset name {self.name!r} must be non-empty and use letters, digits, '.', '_', '-'")
+        if not isinstance(self.iterations, int) or self.iterations < 1:
+            raise RuleError(f"ruleset {self.name}: iterations must be an int >= 1, got {self.iterations!r}")
+        seen = set()
+        for r in self.rules:
+            if not isinstance(r, Rule):
+                raise RuleError(f"ruleset {self.name}: expected Rule objects (from rewrite.dsl.rule), got {r!r}")
+            if r.name in seen:
+                raise RuleError(f"ruleset {self.name}: two rules are named {r.name!r}; names must be unique")
+            seen.add(r.name)
+
+    @property
+    def pattern_rules(self) -> list[Rule]:
+        return [r for r in self.rules if not r.is_computed]
+
+    @property
+    def computed_rules(self) -> list[Rule]:
+        return [r for r in self.rules if r.is_computed]
+
+    def __iter__(self):
+        return iter(self.rules)
+
+    def __len__(self):
+        return len(self.rules)
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluating and matching patterns on concrete values (used by rewrite.testing and Python rules)
+
+def evaluate(p, binding: dict):
+    """Evaluate a pattern (or literal) with variables taken from ``binding``."""
+    if isinstance(p, Var):
+        if p.name not in binding:
+            raise RuleError(f"variable {p.name!r} is not bound (bound: {sorted(binding)})")
+        return binding[p.name]
+    if isinstance(p, Lit):
+        return evaluate(p.value, binding)
+    if isinstance(p, OpPattern):
+        args = [evaluate(a, binding) for a in p.args]
+        kwargs = {k: evaluate(v, binding) for k, v in p.kwargs.items()}
+        return p.target(*args, **kwargs)
+    if isinstance(p, list):
+        return [evaluate(a, binding) for a in p]
+    if isinstance(p, tuple):
+        return tuple(evaluate(a, binding) for a in p)
+    return p
+
+
+@dataclasses.dataclass
+class Call:
+    """A concrete call record ``target(*args, **kwargs)`` for `match` (args may nest Calls)."""
+
+    target: Any
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+def match(p, tree, binding: dict | None = None) -> dict | None:
+    """Match pattern ``p`` against ``tree`` (Calls / values); returns the binding or None."""
+    binding = {} if binding is None else binding
+    if isinstance(p, Var):
+        if p.name in binding:
+            return binding if _same_value(binding[p.name], tree) else None
+        binding[p.name] = tree
+        return binding
+    if isinstance(p, OpPattern):
+        if not isinstance(tree, Call) or tree.target is not p.target:
+            return None
+        args, kwargs = canonical_call(tree.target, tree.args, tree.kwargs)
+        if len(args) != len(p.args) or set(kwargs) != set(p.kwargs):
+            return None
+        for a, t in zip(p.args, args):
+            if match(a, t, binding) is None:
+                return None
+        for k, a in p.kwargs.items():
+            if match(a, kwargs[k], binding) is None:
+                return None
+        return binding
+    if isinstance(p, Lit):
+        return match(p.value, tree, binding)
+    if isinstance(p, (list, tuple)):
+        if not isinstance(tree, (list, tuple)) or len(tree) != len(p):
+            return None
+        for a, t in zip(p, tree):
+            if match(a, t, binding) is None:
+                return None
+        return binding
+    return binding if _same_value(p, tree) else None
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return type(a) is type(b) and a == b
