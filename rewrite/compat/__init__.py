@@ -1,0 +1,1 @@
+"""Porting aids for scripts written against other graph compilers."""
