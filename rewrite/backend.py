@@ -43,7 +43,8 @@ def decomposition_table() -> dict:
 
     table = dict(core_aten_decompositions())
     aten = torch.ops.aten
-    for op in (aten.scaled_dot_product_attention.default,):
+    for op in (aten.scaled_dot_product_attention.default,
+               aten._scaled_dot_product_flash_attention_for_cpu.default):
         table.pop(op, None)
     return table
 
