@@ -24,6 +24,7 @@ from .fx_bridge import from_fx
 from .ir import Graph
 from .optimizer import optimize
 from .report import CompileReport
+from .scope import annotate_streams
 
 log = logging.getLogger("rewrite")
 
@@ -101,6 +102,7 @@ class RewriteBackend:
             rep = self.report.new_graph(name)
         with rep.stage("import"):
             graph = from_fx(gm, name=name)
+            graph = annotate_streams(graph, self.config, rep)
             _freeze(graph, frozen)
             rep.ops_before = graph.op_counts()
         dump_graph(graph, self.config, number, "before")

@@ -107,10 +107,16 @@ class InferenceConfig(_Section):
 
 class ExecConfig(_Section):
     kernels = _Choice("aten", ("aten", "inductor"))
+    # Put independent branches of graphs without stream scopes on streams by a cost model.
     auto_streams = _Typed(False, bool)
+    # A stream that waits longer than this for another fails the call instead of hanging.
+    stream_timeout_s = _Typed(300.0, int, float)
+    # CPU: intra-op threads of each side-stream worker; 0 = torch's threads / number of streams.
+    stream_intra_op_threads = _Typed(0, int)
 
 
 class GeConfig(_Section):
+    # Run every graph on one stream; an error together with stream scopes (they conflict).
     enable_single_stream = _Typed(False, bool)
 
 

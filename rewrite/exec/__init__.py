@@ -2,24 +2,154 @@
 
 ``build_executable`` is the seam between the optimizer and the kernel backends:
 ``config.exec.kernels = "aten"`` generates straight-line Python calling ATen kernels,
-``"inductor"`` hands the graph to Inductor; graphs with stream scopes go to the stream scheduler.
+``"inductor"`` hands the graph to Inductor; graphs with stream scopes (or, with
+``config.exec.auto_streams``, graphs with independent branches) go to the stream scheduler:
+`streams.plan_streams` decides where streams synchronise, `stream_cpu` / `stream_cuda` run it.
+
+When a graph runs on one stream (the seed's rules):
+* ``config.ge_config.enable_single_stream = True`` (with stream scopes it is an error: they conflict);
+* a graph with dynamic shapes, unless the environment sets ``REWRITE_DYNAMIC_SHAPE_MULTI_STREAM=1``;
+* ``config.exec.kernels = "inductor"``: Inductor schedules the whole graph itself.
+Waits still order the single stream, so a wait that closes a cycle is an error in every case.
 """
 from __future__ import annotations
 
-from ..ir import Graph
-from .codegen import compile_graph_to_python
+import logging
+import os
+import re
 
-__all__ = ["build_executable", "check_config", "compile_graph_to_python"]
+import torch
+
+from ..config import ConfigError
+from ..ir import Graph, TensorMeta, _metas
+from .codegen import compile_graph_to_python
+from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for"]
+
+DYNAMIC_MULTI_STREAM_ENV = "REWRITE_DYNAMIC_SHAPE_MULTI_STREAM"
 
 
 def check_config(config) -> None:
     """Reject option combinations that conflict, before any work is done."""
+    if config.ge_config.enable_single_stream and config.exec.auto_streams:
+        raise ConfigError("config.ge_config.enable_single_stream = True conflicts with "
+                          "config.exec.auto_streams = True; set at most one of them")
+    if config.exec.stream_timeout_s <= 0:
+        raise ConfigError(f"config.exec.stream_timeout_s = {config.exec.stream_timeout_s!r} must be > 0 seconds")
+    if config.exec.stream_intra_op_threads < 0:
+        raise ConfigError(f"config.exec.stream_intra_op_threads = {config.exec.stream_intra_op_threads!r} "
+                          "must be >= 0 (0: torch's threads divided by the number of streams)")
+
+
+def _note(report, msg: str) -> None:
+    log.info(msg)
+    if report is not None:
+        report.notes.append(msg)
+
+
+def stream_plan_for(graph: Graph, config, report=None) -> StreamPlan | None:
+    """The multi-stream plan of ``graph``, or None when it runs on one stream (see module doc)."""
+    annotated = any(n.attrs.get("stream") is not None for n in graph.nodes)
+    if not annotated and not config.exec.auto_streams:
+        return None
+    if config.ge_config.enable_single_stream:
+        return None
+    if not graph.is_static() and os.environ.get(DYNAMIC_MULTI_STREAM_ENV) != "1":
+        _note(report, f"graph {graph.name} has dynamic shapes: runs on one stream "
+                      f"(set {DYNAMIC_MULTI_STREAM_ENV}=1 for multi-stream)")
+        return None
+    if config.exec.kernels == "inductor":
+        _note(report, f"graph {graph.name}: exec.kernels = 'inductor' runs the graph on one stream; "
+                      "stream scopes only order it")
+        return None
+    assign = None
+    if not annotated:
+        from .auto_streams import assign_streams
+
+        assign = assign_streams(graph)
+        if not assign:
+            return None
+    plan = plan_streams(graph, assign)
+    if len(plan.streams) < 2 or all(len(plan.nodes_of(i)) == 0 for i in range(1, len(plan.streams))):
+        return None
+    return plan
+
+
+def _device_of(graph: Graph) -> torch.device:
+    for n in graph.nodes:
+        for m in _metas(n.meta):
+            if isinstance(m, TensorMeta) and m.device.type == "cuda":
+                return m.device
+    return torch.device("cpu")
+
+
+def _in_order(graph: Graph, order: list) -> Graph:
+    """The same nodes in another (topological) order, for the single-stream code generator."""
+    g = Graph(graph.name)
+    g.symbols = graph.symbols
+    g.nodes = order
+    return g
+
+
+def _record_syncs(plan: StreamPlan) -> None:
+    """Write the plan into node attributes, so graph dumps show every stream and synchronisation."""
+    for n in plan.order:
+        tag = plan.streams[plan.stream_of[n.id]]
+        if tag is not None:
+            n.attrs["stream"] = tag
+        syncs = [f"wait %{p.name} on stream {plan.tag(p)}" for p in plan.waits_before.get(n.id, ())]
+        if n.id in plan.signalled:
+            syncs.append(f"record event for stream(s) waiting on %{n.name}")
+        if syncs:
+            n.attrs["syncs"] = syncs
+    out = plan.graph.output
+    out_syncs = [f"wait %{p.name} on stream {plan.tag(p)}" for p in plan.output_waits]
+    if out_syncs:
+        out.attrs["syncs"] = out_syncs
+
+
+def _dump_streams(graph: Graph, config) -> None:
+    if config.debug.graph_dump.type is None:
+        return
+    from ..dump import dump_graph
+
+    m = re.match(r"g(\d+)_", graph.name)
+    dump_graph(graph, config, int(m.group(1)) if m else 0, "streams")
 
 
 def build_executable(graph: Graph, config, report=None):
     """Compile ``graph`` for execution with the kernel backend ``config.exec.kernels`` selects."""
+    waits = resolve_waits(graph)
+    if waits:  # a cycle is an error whichever way the graph runs
+        order_with_waits(graph, waits)
+    plan = stream_plan_for(graph, config, report)
+    if plan is not None:
+        _record_syncs(plan)
+        if report is not None:
+            report.count("streams", len(plan.streams))
+            report.count("stream_syncs", plan.num_syncs)
+        device = _device_of(graph)
+        if device.type == "cuda":
+            from .stream_cuda import compile_cuda_streams
+
+            fn = compile_cuda_streams(plan, device)
+        else:
+            from .stream_cpu import compile_cpu_streams
+
+            threads = config.exec.stream_intra_op_threads or max(1, torch.get_num_threads() // len(plan.streams))
+            fn = compile_cpu_streams(plan, config.exec.stream_timeout_s, threads)
+        graph.executable_source = fn.__rewrite_source__
+        _dump_streams(graph, config)
+        log.info("graph %s: %d streams, %d synchronisations\n%s", graph.name, len(plan.streams),
+                 plan.num_syncs, plan.describe())
+        return fn
     if config.exec.kernels == "inductor":
         from .inductor import compile_with_inductor
 
         return compile_with_inductor(graph)
+    if waits:
+        return compile_graph_to_python(_in_order(graph, order_with_waits(graph, waits)))
     return compile_graph_to_python(graph)

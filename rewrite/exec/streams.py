@@ -1,0 +1,214 @@
+"""The stream plan: which stream runs each node, and where streams synchronise.
+
+`plan_streams(graph)` is device independent; the CPU executor (`stream_cpu`) and the CUDA executor
+(`stream_cuda`) both generate code from the same `StreamPlan`:
+
+* the order: a topological order of the graph in which every ``wait_for`` edge counts as an
+  edge too (a wait that closes a cycle is an error naming the nodes of the cycle);
+* per node, its stream: ``attrs["stream"]`` (a tag) or the default stream (the caller's);
+* per node, the events its stream waits on before running it: one for every input produced on
+  another stream and every ``wait_for`` node on another stream, minus the waits already implied
+  by an earlier wait (tracked with vector clocks, so a stream never waits twice for what it knows).
+
+Placeholders and constants belong to no stream: they exist before any stream starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import operator
+
+from ..fx_bridge import CompileError
+from ..ir import Graph, Node
+
+__all__ = ["StreamPlan", "plan_streams", "StreamCycleError", "DEFAULT_STREAM", "resolve_waits"]
+
+DEFAULT_STREAM = None  # the tag of the caller's stream
+
+
+class StreamCycleError(CompileError):
+    """The ``wait_for`` edges together with the data edges form a cycle."""
+
+
+@dataclasses.dataclass
+class StreamPlan:
+    graph: Graph
+    order: list  # the call nodes, in an order that respects data and wait edges
+    streams: list  # stream tags; index 0 is the default stream (tag None)
+    priorities: dict  # tag -> priority
+    stream_of: dict  # node id -> stream index
+    waits_before: dict  # node id -> [producer Node on another stream, ...] to wait for first
+    signalled: set  # ids of nodes whose completion other streams wait for
+    crossing: set  # ids of nodes whose value another stream reads
+    output_waits: list  # producers on side streams the default stream waits for before returning
+
+    @property
+    def num_syncs(self) -> int:
+        return sum(len(v) for v in self.waits_before.values()) + len(self.output_waits)
+
+    def nodes_of(self, stream_index: int) -> list:
+        return [n for n in self.order if self.stream_of[n.id] == stream_index]
+
+    def describe(self) -> str:
+        lines = [f"streams: {', '.join('default' if t is None else repr(t) for t in self.streams)}"]
+        for n in self.order:
+            for p in self.waits_before.get(n.id, ()):
+                lines.append(f"  stream {self.tag(n)} waits for %{p.name} (stream {self.tag(p)}) before %{n.name}")
+        for p in self.output_waits:
+            lines.append(f"  default stream waits for %{p.name} (stream {self.tag(p)}) before returning")
+        return "\n".join(lines)
+
+    def tag(self, n: Node) -> str:
+        t = self.streams[self.stream_of[n.id]]
+        return "default" if t is None else repr(t)
+
+
+def resolve_waits(graph: Graph) -> dict:
+    """node id -> the graph's nodes it waits for.
+
+    Waits are resolved by identity first, then by name: graph copies (gears, ``Graph.copy``)
+    keep names but their ``wait_for`` lists still point at the original's nodes. A wait on a node
+    that is no longer in the graph is an error: an optimization dropped what the user asked for.
+    """
+    by_id = {n.id: n for n in graph.nodes}
+    by_name = {n.name: n for n in graph.nodes}
+    out = {}
+    for n in graph.nodes:
+        deps = []
+        for w in n.attrs.get("wait_for", ()):
+            target = by_id.get(w.id) or by_name.get(w.name)
+            if target is None:
+                raise CompileError(
+                    f"graph {graph.name}: {n} ({n.op}) waits for %{w.name}, which is not in the graph "
+                    "any more; a pass removed a node a wait_tensor refers to")
+            if target.kind in ("call",) and target is not n:
+                deps.append(target)
+        if deps:
+            out[n.id] = deps
+    return out
+
+
+def order_with_waits(graph: Graph, waits: dict) -> list:
+    """The graph's nodes in a topological order of data plus wait edges (stable w.r.t. graph order)."""
+    index = {n.id: i for i, n in enumerate(graph.nodes)}
+    preds: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        preds[n.id] = list(n.inputs) + waits.get(n.id, [])
+    succs: dict[int, list[Node]] = {n.id: [] for n in graph.nodes}
+    indegree = {}
+    for n in graph.nodes:
+        ps = [p for p in preds[n.id] if p.id in index]
+        indegree[n.id] = len(ps)
+        for p in ps:
+            succs[p.id].append(n)
+    ready = [(index[n.id], n) for n in graph.nodes if indegree[n.id] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        order.append(n)
+        for s in succs[n.id]:
+            indegree[s.id] -= 1
+            if indegree[s.id] == 0:
+                heapq.heappush(ready, (index[s.id], s))
+    if len(order) != len(graph.nodes):
+        stuck = {n.id for n in graph.nodes} - {n.id for n in order}
+        raise StreamCycleError(f"graph {graph.name}: wait_tensor creates a cycle: {_find_cycle(graph, preds, stuck, waits)}")
+    return order
+
+
+def _find_cycle(graph: Graph, preds: dict, stuck: set, waits: dict) -> str:
+    """Describe one cycle among the ``stuck`` nodes, e.g. ``%a -> %b (waits for) -> %a``."""
+    nodes = {n.id: n for n in graph.nodes}
+    start = min(stuck, key=lambda i: graph.nodes.index(nodes[i]))
+    path, seen = [nodes[start]], {start: 0}
+    while True:
+        cur = path[-1]
+        nxt = next(p for p in preds[cur.id] if p.id in stuck)
+        if nxt.id in seen:
+            cycle = path[seen[nxt.id]:] + [nxt]
+            break
+        seen[nxt.id] = len(path)
+        path.append(nxt)
+    # path follows "depends on" edges; print it in execution direction.
+    cycle = cycle[::-1]
+    parts = [f"%{cycle[0].name}"]
+    for a, b in zip(cycle, cycle[1:]):
+        how = "waited for by" if any(w is a for w in waits.get(b.id, ())) else "read by"
+        parts.append(f"{how} %{b.name}")
+    return " -> ".join(parts)
+
+
+def _follows_producer(n: Node) -> bool:
+    """Ops that only pick a part of their input's result stay on the producer's stream."""
+    return n.target is operator.getitem and isinstance(n.args[0], Node) and n.args[0].kind == "call"
+
+
+def plan_streams(graph: Graph, assign: dict | None = None) -> StreamPlan:
+    """Build the stream plan of ``graph``. ``assign`` (node id -> tag) overrides ``attrs["stream"]``."""
+    waits = resolve_waits(graph)
+    order = [n for n in order_with_waits(graph, waits) if n.kind == "call"]
+    streams: list = [DEFAULT_STREAM]
+    priorities: dict = {}
+    stream_of: dict[int, int] = {}
+    for n in order:
+        if _follows_producer(n) and n.args[0].id in stream_of:
+            stream_of[n.id] = stream_of[n.args[0].id]
+            continue
+        tag = (assign or {}).get(n.id, n.attrs.get("stream"))
+        if tag is not None:
+            tag = str(tag)
+            priorities.setdefault(tag, int(n.attrs.get("stream_priority", 0)))
+        if tag not in streams:
+            streams.append(tag)
+        stream_of[n.id] = streams.index(tag)
+
+    # Vector clocks: clock[s][t] = position on stream t up to which stream s knows work is done.
+    position: dict[int, int] = {}
+    counts = [0] * len(streams)
+    for n in order:
+        s = stream_of[n.id]
+        position[n.id] = counts[s]
+        counts[s] += 1
+    clock = [[-1] * len(streams) for _ in streams]
+    done_clock: dict[int, list] = {}
+    waits_before: dict[int, list] = {}
+    signalled: set = set()
+    crossing: set = set()
+
+    def need(s: int, p: Node, reads_value: bool) -> Node | None:
+        t = stream_of.get(p.id)
+        if t is None or t == s:
+            return None
+        if reads_value:
+            crossing.add(p.id)
+        if clock[s][t] >= position[p.id]:
+            return None  # an earlier wait already covers p
+        signalled.add(p.id)
+        clock[s] = [max(a, b) for a, b in zip(clock[s], done_clock[p.id])]
+        return p
+
+    for n in order:
+        s = stream_of[n.id]
+        before = []
+        for p in n.inputs:
+            if (w := need(s, p, True)) is not None:
+                before.append(w)
+        for p in waits.get(n.id, ()):
+            if (w := need(s, p, False)) is not None:
+                before.append(w)
+        if before:
+            waits_before[n.id] = before
+        clock[s][s] = position[n.id]
+        done_clock[n.id] = list(clock[s])
+
+    # The default stream returns the outputs: it waits for those computed elsewhere, and for the
+    # last node of every side stream, so nothing is still running when the call returns.
+    output_waits = []
+    out_node = graph.output
+    finals = [nodes[-1] for nodes in (([m for m in order if stream_of[m.id] == i]) for i in range(1, len(streams))) if nodes]
+    for p in list(out_node.inputs) + finals:
+        reads_value = any(p is q for q in out_node.inputs)
+        if (w := need(0, p, reads_value)) is not None:
+            output_waits.append(w)
+    return StreamPlan(graph, order, streams, priorities, stream_of, waits_before, signalled, crossing, output_waits)

@@ -1,0 +1,211 @@
+"""In-graph stream scopes: ``stream_switch`` and ``wait_tensor``.
+
+    with rewrite.scope.stream_switch("1", stream_priority=0):
+        rewrite.scope.wait_tensor(b, a)   # the ops below that read b start after a is computed
+        y = torch.mm(b, w)
+
+Both are recorded in the traced graph as custom ops of the ``rewrite_stream`` namespace that
+return nothing and are registered as side-effecting (``torch.fx.node.has_side_effect``), so
+Dynamo traces them without a graph break and neither Dynamo's nor AOTAutograd's dead-code
+elimination drops them. In eager mode they do nothing, so an annotated model still runs unchanged.
+
+Right after IR import, `annotate_streams` turns the markers into node attributes and removes them:
+
+* ``attrs["stream"]`` (the tag) and ``attrs["stream_priority"]`` on every node issued inside a scope;
+  nodes outside any scope carry no tag and run on the default stream;
+* ``attrs["wait_for"] = [Node, ...]`` on each node that reads ``self`` after the ``wait_tensor`` call
+  in the same scope: it starts only after every listed node is computed.
+
+Later passes treat the stream tag as part of a node's identity and keep ``wait_for`` edges.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.fx.node import has_side_effect
+
+from .fx_bridge import CompileError
+from .ir import Graph, Node
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["stream_switch", "wait_tensor", "annotate_streams", "has_stream_scopes", "check_waits_acyclic",
+           "StreamScopeError"]
+
+
+class StreamScopeError(CompileError):
+    """A stream annotation is malformed or conflicts with the configuration."""
+
+
+# -- the marker ops ------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("rewrite_stream::scope_enter", mutates_args=())
+def _scope_enter(stream_tag: str, stream_priority: int) -> None:
+    """Marks where a ``stream_switch`` block starts; a no-op when run."""
+
+
+@torch.library.custom_op("rewrite_stream::scope_exit", mutates_args=())
+def _scope_exit() -> None:
+    """Marks where the innermost ``stream_switch`` block ends; a no-op when run."""
+
+
+@torch.library.custom_op("rewrite_stream::wait_tensor", mutates_args=())
+def _wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> None:
+    """Marks that the readers of ``self`` issued after it wait for ``dependency``; a no-op when run."""
+
+
+@_scope_enter.register_fake
+def _(stream_tag, stream_priority):
+    return None
+
+
+@_scope_exit.register_fake
+def _():
+    return None
+
+
+@_wait_tensor.register_fake
+def _(self, dependency):
+    return None
+
+
+SCOPE_ENTER = torch.ops.rewrite_stream.scope_enter.default
+SCOPE_EXIT = torch.ops.rewrite_stream.scope_exit.default
+WAIT_TENSOR = torch.ops.rewrite_stream.wait_tensor.default
+MARKERS = (SCOPE_ENTER, SCOPE_EXIT, WAIT_TENSOR)
+for _op in MARKERS:
+    has_side_effect(_op)
+
+
+# -- the user API ------------------------------------------------------------------------------
+
+
+class stream_switch:  # noqa: N801 - a context manager used like a function, as in TorchAir
+    """``with stream_switch(tag, priority):`` ops issued inside run on the stream named ``tag``.
+
+    The same tag means the same stream. ``stream_priority``: a higher value asks the scheduler to
+    favour this stream (CUDA stream priority; ignored by the CPU scheduler's threads).
+    """
+
+    def __init__(self, stream_tag: str, stream_priority: int = 0):
+        if not isinstance(stream_tag, str) or not stream_tag:
+            raise TypeError(f"stream_switch: stream_tag must be a non-empty str, got {stream_tag!r}")
+        if isinstance(stream_priority, bool) or not isinstance(stream_priority, int):
+            raise TypeError(f"stream_switch: stream_priority must be an int, got {stream_priority!r}")
+        self.stream_tag = stream_tag
+        self.stream_priority = stream_priority
+
+    def __enter__(self):
+        torch.ops.rewrite_stream.scope_enter(self.stream_tag, self.stream_priority)
+        return self
+
+    def __exit__(self, *exc):
+        torch.ops.rewrite_stream.scope_exit()
+        return False
+
+
+def wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
+    """The ops issued after this call that read ``self`` (in the same scope) wait for ``dependency``.
+
+    Returns ``self`` unchanged, so both ``wait_tensor(x, y)`` and ``x = wait_tensor(x, y)`` work.
+    """
+    if not isinstance(self, torch.Tensor) or not isinstance(dependency, torch.Tensor):
+        raise TypeError("wait_tensor(self, dependency) takes two tensors, got "
+                        f"{type(self).__name__} and {type(dependency).__name__}")
+    torch.ops.rewrite_stream.wait_tensor(self, dependency)
+    return self
+
+
+# -- the pass: markers -> node attributes ------------------------------------------------------
+
+
+def has_stream_scopes(graph: Graph) -> bool:
+    """Whether any node carries a stream tag or a wait (after `annotate_streams`)."""
+    return any(n.attrs.get("stream") is not None or n.attrs.get("wait_for") for n in graph.nodes)
+
+
+def _has_markers(graph: Graph) -> bool:
+    return any(n.kind == "call" and n.target in MARKERS for n in graph.nodes)
+
+
+class _PendingWait:
+    __slots__ = ("marker", "reads", "dependency", "matched")
+
+    def __init__(self, marker: Node, reads: Node, dependency: Node):
+        self.marker, self.reads, self.dependency, self.matched = marker, reads, dependency, False
+
+
+def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
+    """Turn ``rewrite_stream`` markers into ``stream``/``wait_for`` attributes and drop the markers.
+
+    Raises `StreamScopeError` when the markers are unbalanced, when one tag is given two different
+    priorities, or when ``config.ge_config.enable_single_stream`` is set (the two conflict).
+    """
+    if not _has_markers(graph):
+        return graph
+    if config is not None and config.ge_config.enable_single_stream:
+        raise StreamScopeError(
+            f"graph {graph.name}: config.ge_config.enable_single_stream = True conflicts with the "
+            "stream scopes (rewrite.scope.stream_switch / wait_tensor) in this graph; unset "
+            "enable_single_stream or remove the scopes")
+    scopes: list[tuple[str, int, list[_PendingWait]]] = []  # innermost last
+    outside_waits: list[_PendingWait] = []  # waits issued on the default stream
+    priorities: dict[str, int] = {}
+    markers: list[Node] = []
+    for node in graph.nodes:
+        if node.kind != "call":
+            continue
+        if node.target is SCOPE_ENTER:
+            tag, priority = node.args[0], node.args[1]
+            if priorities.setdefault(tag, priority) != priority:
+                raise StreamScopeError(
+                    f"graph {graph.name}: stream {tag!r} is given priority {priority} at {node} but "
+                    f"{priorities[tag]} earlier; one stream has one priority")
+            scopes.append((tag, priority, []))
+            markers.append(node)
+        elif node.target is SCOPE_EXIT:
+            if not scopes:
+                raise StreamScopeError(f"graph {graph.name}: {node} closes a stream scope that was never opened")
+            _warn_unmatched(graph, scopes.pop()[2], report)
+            markers.append(node)
+        elif node.target is WAIT_TENSOR:
+            reads, dependency = node.args[0], node.args[1]
+            pending = scopes[-1][2] if scopes else outside_waits
+            pending.append(_PendingWait(node, reads, dependency))
+            markers.append(node)
+        else:
+            waits = scopes[-1][2] if scopes else outside_waits
+            if scopes:
+                node.attrs["stream"] = scopes[-1][0]
+                node.attrs["stream_priority"] = scopes[-1][1]
+            inputs = node.inputs
+            for w in waits:
+                if any(i is w.reads for i in inputs) and w.dependency is not node:
+                    deps = node.attrs.setdefault("wait_for", [])
+                    if not any(d is w.dependency for d in deps):
+                        deps.append(w.dependency)
+                    w.matched = True
+    if scopes:
+        raise StreamScopeError(f"graph {graph.name}: stream scope {scopes[-1][0]!r} is opened but never closed")
+    _warn_unmatched(graph, outside_waits, report)
+    drop = {m.id for m in markers}
+    graph.nodes = [n for n in graph.nodes if n.id not in drop]
+    tagged = sum(1 for n in graph.nodes if n.attrs.get("stream") is not None)
+    waits = sum(len(n.attrs.get("wait_for", ())) for n in graph.nodes)
+    if report is not None:
+        report.count("stream_scope_nodes", tagged)
+        report.count("stream_waits", waits)
+    log.debug("graph %s: %d nodes on %d tagged streams, %d waits", graph.name, tagged, len(priorities), waits)
+    return graph
+
+
+def _warn_unmatched(graph: Graph, waits: list[_PendingWait], report) -> None:
+    for w in waits:
+        if not w.matched:
+            msg = (f"graph {graph.name}: wait_tensor({w.reads}, {w.dependency}) at {w.marker} has no effect: "
+                   f"no op reads {w.reads} after it in the same stream scope")
+            log.warning(msg)
+            if report is not None:
+                report.notes.append(msg)
