@@ -44,25 +44,31 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class TensorMeta:
     dtype: torch.dtype
-    shape: tuple  # of sympy.Expr
+    shape: tuple | None  # of sympy.Expr; None: unknown rank (a while_loop carry whose rank changes)
     device: torch.device = torch.device("cpu")
 
     @property
-    def rank(self) -> int:
-        return len(self.shape)
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
 
     def is_static(self) -> bool:
-        return all(isinstance(s, (int, sympy.Integer)) or getattr(s, "is_Integer", False) for s in self.shape)
+        return self.shape is not None and all(isinstance(s, (int, sympy.Integer)) or getattr(s, "is_Integer", False) for s in self.shape)
 
     def numel(self):
+        if self.shape is None:
+            return None
         return sympy.Mul(*self.shape) if self.shape else sympy.Integer(1)
 
     def subs(self, mapping: dict) -> "TensorMeta":
+        if self.shape is None:
+            return self
         return TensorMeta(self.dtype, tuple(sympy.sympify(s).subs(mapping) for s in self.shape), self.device)
 
     def __str__(self):
         dt = short_dtype(self.dtype)
         dev = "" if self.device.type == "cpu" else f"@{self.device}"
+        if self.shape is None:
+            return f"{dt}[*]{dev}"
         return f"{dt}[{', '.join(str(s) for s in self.shape)}]{dev}"
 
 
@@ -264,7 +270,7 @@ class Graph:
         for n in self.nodes:
             for m in _metas(n.meta):
                 if isinstance(m, TensorMeta):
-                    for s in m.shape:
+                    for s in m.shape or ():
                         syms |= sympy.sympify(s).free_symbols
                 elif isinstance(m, SymMeta):
                     syms |= sympy.sympify(m.expr).free_symbols

@@ -1,0 +1,176 @@
+"""Folding shape computations, and substituting values for size symbols.
+
+`fold_shape_computations` is GE's "constant folding cooperating with InferShape" (seed 003: Shape
+-> Gather -> Reshape): in ATen graphs the Shape/Gather chain is ``sym_size.int`` and Python
+arithmetic on sizes feeding ``view``'s size list. Inference gives each of those nodes a `SymMeta`;
+wherever that expression is a plain number, its readers get the number instead
+(``view(x, [%mul, 32])`` -> ``view(x, [128, 32])``) and the node goes. Inference runs again, since
+readers may now be foldable too, until nothing changes.
+
+`substitute` is how a dynamic graph becomes a static one (gears): a copy whose metas have symbols
+replaced by values; `fold_shape_computations` on that copy then turns every size computation,
+including the SymInt inputs Dynamo passes, into constants.
+"""
+from __future__ import annotations
+
+import logging
+
+import sympy
+
+from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, map_nodes
+from .context import ShapeContext, to_expr
+from .infer import infer_graph
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["fold_shape_computations", "substitute", "known_value"]
+
+MAX_ROUNDS = 10
+
+
+def known_value(meta):
+    """The Python value of a SymMeta whose expression is a number, else None."""
+    if not isinstance(meta, SymMeta):
+        return None
+    e = to_expr(meta.expr)
+    if e in (sympy.true, sympy.false):
+        return bool(e)
+    if not e.is_Number:
+        return None
+    if meta.pytype is int:
+        if not e.is_Integer:
+            return None
+        return int(e)
+    if meta.pytype is float:
+        return float(e)
+    return None
+
+
+def fold_shape_computations(graph: Graph, symbols=None) -> int:
+    """Replace every size computation whose value is known by that value; returns nodes folded.
+
+    Folded are call nodes producing a size/scalar (``sym_size.int``, ``operator.mul`` on sizes,
+    ``sym_numel``...) and SymInt placeholders whose value is known (after `substitute`): their
+    readers get plain numbers. Folded call nodes are removed; placeholders stay (the calling
+    convention needs them). Subgraphs of control-flow ops are folded too. Alternates with
+    `infer_graph` until a round folds nothing.
+    """
+    ctx = ShapeContext.of(symbols if symbols is not None else graph.symbols)
+    total = 0
+    for _ in range(MAX_ROUNDS):
+        infer_graph(graph, ctx)
+        folded = _fold_once(graph)
+        total += folded
+        if not folded:
+            break
+    if total:
+        log.debug("shape: folded %d size computation(s) in graph %s", total, graph.name)
+    return total
+
+
+def _fold_once(graph: Graph) -> int:
+    users = graph.users()
+    folded = 0
+    for node in list(graph.nodes):
+        for sub in _subgraphs((node.args, node.kwargs)):
+            folded += _fold_once(sub)
+        if node.kind not in ("call", "placeholder"):
+            continue
+        value = known_value(node.meta)
+        if value is None or (node.kind == "call" and is_side_effect(node)):
+            continue
+        readers = users.get(node.id, [])
+        if node.kind == "placeholder" and not readers:
+            continue
+        for reader in readers:
+            if reader.kind == "output":
+                const = graph.constant(value, before=reader)
+                reader.args = map_nodes(reader.args, lambda n: const if n is node else n)
+            else:
+                reader.args = map_nodes(reader.args, lambda n: value if n is node else n)
+                reader.kwargs = map_nodes(reader.kwargs, lambda n: value if n is node else n)
+        if node.kind == "call":
+            graph.remove(node)
+        folded += 1
+    return folded
+
+
+def _subgraphs(obj):
+    if isinstance(obj, Graph):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _subgraphs(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _subgraphs(x)
+
+
+# -- substitution ----------------------------------------------------------------------------
+
+def _all_symbols(graph: Graph) -> set:
+    syms = set(graph.symbols) | graph.free_symbols()
+    for node in graph.nodes:
+        for sub in _subgraphs((node.args, node.kwargs)):
+            syms |= _all_symbols(sub)
+    return syms
+
+
+def _normalize_mapping(graph: Graph, mapping) -> dict:
+    if not isinstance(mapping, dict):
+        raise TypeError(f"substitute: mapping must be a dict of symbol -> int, got {type(mapping).__name__}")
+    by_name = {s.name: s for s in _all_symbols(graph)}
+    out = {}
+    for key, value in mapping.items():
+        name = key.name if isinstance(key, sympy.Symbol) else key
+        if not isinstance(name, str) or name not in by_name:
+            raise KeyError(f"substitute: {key!r} is not a size symbol of graph {graph.name}; "
+                           f"its symbols are {sorted(by_name)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"substitute: value for {name} must be a non-negative int, got {value!r}")
+        sym = by_name[name]
+        info = graph.symbols.get(sym)
+        if info is not None and info.upper is not None and value > info.upper:
+            raise ValueError(f"substitute: {name} = {value} is above its known upper bound {info.upper} "
+                             f"in graph {graph.name}")
+        out[sym] = sympy.Integer(value)
+    return out
+
+
+def substitute_meta(meta, mapping: dict):
+    if isinstance(meta, TensorMeta):
+        if meta.shape is None:
+            return meta
+        return TensorMeta(meta.dtype, tuple(to_expr(s).xreplace(mapping) for s in meta.shape), meta.device)
+    if isinstance(meta, SymMeta):
+        e = to_expr(meta.expr).xreplace(mapping)
+        return SymMeta(sympy.simplify(e) if e.free_symbols == set() and not e.is_Number else e, meta.pytype)
+    if isinstance(meta, (tuple, list)):
+        return tuple(substitute_meta(m, mapping) for m in meta)
+    return meta
+
+
+def _substitute_in_place(graph: Graph, mapping: dict) -> None:
+    for node in graph.nodes:
+        node.meta = substitute_meta(node.meta, mapping)
+        for sub in _subgraphs((node.args, node.kwargs)):
+            _substitute_in_place(sub, mapping)
+    for sym in mapping:
+        graph.symbols.pop(sym, None)
+
+
+def substitute(graph: Graph, mapping: dict) -> Graph:
+    """A copy of ``graph`` with size symbols replaced by values in every meta (subgraphs too).
+
+    ``mapping``: ``{symbol: value}``; a key may be the sympy Symbol of ``graph.symbols`` or its
+    name (``"s0"``), since symbols made elsewhere may carry other assumptions. Values are
+    non-negative ints, at most the symbol's known upper bound (a bound is a fact about the model,
+    e.g. its position table). Values below Dynamo's lower bound of 2 are allowed: that bound is
+    Dynamo's choice to specialize 0 and 1, and gears of 1 must work.
+    Substituted symbols leave ``graph.symbols``. The copy's node args are untouched: call
+    `fold_shape_computations` on it to turn size computations into constants.
+    """
+    subs = _normalize_mapping(graph, mapping)
+    g = graph.copy()
+    _substitute_in_place(g, subs)
+    return g

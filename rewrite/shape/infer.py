@@ -1,0 +1,208 @@
+"""`infer_meta` (one op) and `infer_graph` (every node of a graph, in order).
+
+Order of questions for one op: Python size arithmetic (``operator.mul`` on sizes) -> higher-order
+ops (``while_loop``, ``cond``) -> inputs of unknown rank -> a hand rule (`rules.RULES`, or the
+elementwise rule for pointwise ops) -> torch's meta kernel under a ShapeEnv (`kernels.py`).
+"""
+from __future__ import annotations
+
+import logging
+import operator
+
+import sympy
+import torch
+
+from ..ir import Graph, Node, SymMeta, TensorMeta, map_nodes, meta_of_value
+from .context import ShapeContext, ShapeInferenceError, to_expr
+from .kernels import describe_op, probe_dtype
+from .rules import RULES, SCALAR_RULES, NoRule, bind, elementwise, is_elementwise
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["infer_meta", "infer_graph", "simplify_meta", "metas_agree", "ShapeMismatch"]
+
+
+class ShapeMismatch(ShapeInferenceError):
+    """`infer_graph(check=True)` inferred a meta different from the one recorded on the node."""
+
+
+def simplify_meta(meta, ctx: ShapeContext):
+    if isinstance(meta, TensorMeta):
+        if meta.shape is None:
+            return meta
+        return TensorMeta(meta.dtype, tuple(ctx.simplify(s) for s in meta.shape), meta.device)
+    if isinstance(meta, SymMeta):
+        return SymMeta(ctx.simplify(meta.expr), meta.pytype)
+    if isinstance(meta, (tuple, list)):
+        return tuple(simplify_meta(m, ctx) for m in meta)
+    return meta
+
+
+def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool = True):
+    """The meta of ``target(*args, **kwargs)``.
+
+    ``args``/``kwargs`` are shaped like a Node's, with `TensorMeta`/`SymMeta` where the IR has
+    Nodes and plain Python values elsewhere (subgraphs of control-flow ops are `Graph` objects).
+    ``symbols``: a `ShapeContext` or a ``Graph.symbols`` dict (ranges used to simplify).
+    Returns a TensorMeta, a SymMeta or a tuple of them (multi-output ops). ``use_rules=False``
+    skips the hand rules and asks the meta kernel (tests compare the two).
+    Raises `ShapeInferenceError` naming the op when the shape cannot be inferred.
+    """
+    ctx = ShapeContext.of(symbols)
+    kwargs = dict(kwargs or {})
+    op = describe_op(target)
+    if target is operator.getitem:
+        container, index = args
+        if isinstance(container, (tuple, list)):
+            return container[index]
+        raise ShapeInferenceError(f"getitem: expects a multi-output value, got {container}")
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        from .control_flow import infer_higher_order
+
+        return infer_higher_order(target, args, kwargs, ctx)
+    if _has_unknown_rank((args, kwargs)):
+        return _unknown_rank_meta(target, args, kwargs, ctx)
+    if use_rules:
+        try:
+            if target in SCALAR_RULES:
+                return SCALAR_RULES[target](ctx, args)
+            rule = RULES.get(target)
+            if rule is not None:
+                return simplify_meta(rule(ctx, bind(target, args, kwargs), op), ctx)
+            if is_elementwise(target):
+                return simplify_meta(elementwise(ctx, target, args, kwargs), ctx)
+        except NoRule:
+            pass
+    try:
+        return ctx.kernels.run(target, args, kwargs)
+    except ShapeInferenceError:
+        raise
+    except Exception as e:
+        raise ShapeInferenceError(f"{op}: its meta kernel failed on inputs {_describe(args, kwargs)}: "
+                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def _describe(args, kwargs) -> str:
+    parts = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+def _has_unknown_rank(obj) -> bool:
+    if isinstance(obj, TensorMeta):
+        return obj.shape is None
+    if isinstance(obj, (tuple, list)):
+        return any(_has_unknown_rank(x) for x in obj)
+    if isinstance(obj, dict):
+        return any(_has_unknown_rank(x) for x in obj.values())
+    return False
+
+
+def _unknown_rank_meta(target, args, kwargs, ctx: ShapeContext):
+    """An op reading a tensor of unknown rank: its dtype from probes, its rank only when certain.
+
+    The op runs on meta tensors where the unknown-rank inputs have rank 1, 2, 3, 4 (all sizes 1,
+    which broadcast with anything). If every probe that works gives the same output rank, the
+    output has that rank (sizes: fresh symbols, or none at rank 0); otherwise the output rank is
+    unknown too.
+    """
+    results = []
+    for rank in (1, 2, 3, 4):
+        try:
+            results.append(probe_dtype(target, args, kwargs, unknown_rank=rank))
+        except Exception:
+            continue
+    device = next((t.device for t in _tensor_metas((args, kwargs))), torch.device("cpu"))
+    if not results:
+        first = next(iter(_tensor_metas((args, kwargs))))
+        return TensorMeta(first.dtype, None, device)
+
+    def merge(outs):
+        head = outs[0]
+        if isinstance(head, torch.Tensor):
+            ranks = {o.dim() for o in outs}
+            if len(ranks) == 1:
+                return TensorMeta(head.dtype, tuple(ctx.fresh_symbol() for _ in range(head.dim())), device)
+            return TensorMeta(head.dtype, None, device)
+        if isinstance(head, (tuple, list)):
+            return tuple(merge([o[i] for o in outs]) for i in range(len(head)))
+        if isinstance(head, bool):
+            return SymMeta(sympy.Ne(ctx.fresh_symbol(), 0), bool)  # a bool only the run knows
+        if isinstance(head, int):
+            return SymMeta(ctx.fresh_symbol(), int)
+        return meta_of_value(head)
+
+    return merge(results)
+
+
+def _tensor_metas(obj):
+    if isinstance(obj, TensorMeta):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _tensor_metas(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensor_metas(x)
+
+
+# -- graphs ----------------------------------------------------------------------------------
+
+def metas_agree(a, b, ctx: ShapeContext) -> bool:
+    """Are two metas the same (dtype, device, rank, and sizes provably equal)?"""
+    if isinstance(a, TensorMeta) and isinstance(b, TensorMeta):
+        if a.dtype != b.dtype or a.device.type != b.device.type:
+            return False
+        if a.shape is None or b.shape is None:
+            return a.shape is None and b.shape is None
+        return len(a.shape) == len(b.shape) and all(ctx.equal(x, y) is True for x, y in zip(a.shape, b.shape))
+    if isinstance(a, SymMeta) and isinstance(b, SymMeta):
+        return a.pytype == b.pytype and (to_expr(a.expr) == to_expr(b.expr) or ctx.equal(a.expr, b.expr) is True)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(metas_agree(x, y, ctx) for x, y in zip(a, b))
+    return a is None and b is None
+
+
+def _arg_meta(node: Node):
+    if node.meta is None and node.kind == "constant":
+        return node.value
+    if node.meta is None:
+        raise ShapeInferenceError(f"{node} ({node.op}) has no meta; infer the nodes it reads first")
+    return node.meta
+
+
+def infer_graph(graph: Graph, symbols=None, *, check: bool = False, strict: bool = False) -> None:
+    """(Re)compute every node's meta in order, placeholders' metas being the given input metas.
+
+    ``symbols``: a `ShapeContext` to share (subgraphs of control flow share their parent's);
+    by default one over ``graph.symbols``. ``check=True`` raises `ShapeMismatch` where the new
+    meta differs from the one already on the node (tests compare with what Dynamo recorded).
+    An op whose shape cannot be inferred keeps the meta it has (logged); with ``strict=True``, or
+    when it has none, the error is raised, naming the node.
+    """
+    ctx = ShapeContext.of(symbols if symbols is not None else graph.symbols)
+    for node in graph.nodes:
+        if node.kind in ("placeholder", "output"):
+            continue
+        if node.kind == "constant":
+            if isinstance(node.value, (torch.Tensor, int, float, bool)):
+                node.meta = meta_of_value(node.value)
+            continue
+        args = map_nodes(node.args, _arg_meta)
+        kwargs = map_nodes(node.kwargs, _arg_meta)
+        try:
+            meta = infer_meta(node.target, args, kwargs, ctx)
+        except ShapeInferenceError as e:
+            if strict or node.meta is None:
+                raise ShapeInferenceError(f"node {node} in graph {graph.name}: {e}") from e
+            log.debug("shape: node %s keeps its recorded meta %s: %s", node, node.meta, e)
+            continue
+        if check and node.meta is not None and not metas_agree(meta, node.meta, ctx):
+            raise ShapeMismatch(f"node {node} ({node.op}) in graph {graph.name}: inferred {_fmt(meta)}, "
+                                f"recorded {_fmt(node.meta)}")
+        node.meta = meta
+
+
+def _fmt(meta) -> str:
+    if isinstance(meta, (tuple, list)):
+        return "(" + ", ".join(_fmt(m) for m in meta) + ")"
+    return str(meta)

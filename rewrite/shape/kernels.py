@@ -1,0 +1,169 @@
+"""Shapes from torch's own meta kernels: the shape function of every op without a hand rule.
+
+Inputs become FakeTensors under a ShapeEnv that knows the graph's symbols (same sympy symbols,
+same ranges), the op runs, and the fake outputs' sizes are read back as sympy expressions.
+ShapeEnv needs a "hint" (an example value) per symbol to decide the branches a kernel takes; we
+give every symbol a distinct prime inside its range, so no two symbols (or products of symbols)
+look equal by accident, which would make torch record a false equality.
+"""
+from __future__ import annotations
+
+import logging
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy.value_ranges import ValueRanges
+
+from ..ir import SymMeta, TensorMeta
+from .context import ShapeInferenceError, to_expr
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["KernelRunner", "probe_dtype", "describe_op"]
+
+_PRIMES = [p for p in range(11, 2000) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
+
+
+def describe_op(target) -> str:
+    return getattr(target, "__name__", None) if not isinstance(target, torch._ops.OpOverload) else str(target)
+
+
+class KernelRunner:
+    """Runs ops on FakeTensors whose sizes are the graph's symbols."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.shape_env = ShapeEnv()
+        self.mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True)
+        self.hints: dict[sympy.Symbol, int] = {}
+
+    # -- symbols -----------------------------------------------------------------------------
+    def _declare(self, s: sympy.Symbol) -> None:
+        if s in self.hints:
+            return
+        lo, hi = self.ctx.range_of(s)
+        used = set(self.hints.values())
+        hint = next((p for p in _PRIMES if p >= max(lo, 2) and (hi is None or p <= hi) and p not in used), None)
+        if hint is None:  # a tight range: any value inside it
+            hint = max(lo, 0) if hi is None else hi
+        self.hints[s] = hint
+        self.shape_env.add_backed_var_to_val(s, hint)
+        self.shape_env.var_to_range[s] = ValueRanges(lo, sympy.oo if hi is None else hi)
+
+    def _int(self, expr):
+        expr = to_expr(expr)
+        if expr.is_Integer:
+            return int(expr)
+        for s in expr.free_symbols:
+            self._declare(s)
+        hint = expr.xreplace({s: sympy.Integer(v) for s, v in self.hints.items()})
+        return self.shape_env.create_symintnode(expr, hint=int(hint))
+
+    def _scalar(self, meta: SymMeta):
+        expr = to_expr(meta.expr)
+        if not expr.free_symbols:
+            return meta.pytype(expr) if meta.pytype is not bool else bool(expr)
+        if meta.pytype is int:
+            return self._int(expr)
+        for s in expr.free_symbols:
+            self._declare(s)
+        hint = expr.xreplace({s: sympy.Integer(v) for s, v in self.hints.items()})
+        if meta.pytype is bool:
+            return self.shape_env.create_symboolnode(expr) if hasattr(self.shape_env, "create_symboolnode") else bool(hint)
+        return self.shape_env.create_symfloatnode(expr, hint=float(hint))
+
+    def _tensor(self, meta: TensorMeta):
+        if meta.shape is None:
+            raise ShapeInferenceError("unknown rank")
+        size = [self._int(s) for s in meta.shape]
+        return torch.empty(size, dtype=meta.dtype, device=meta.device)
+
+    # -- running -----------------------------------------------------------------------------
+    def run(self, target, args, kwargs):
+        """The op's output metas, computed by its meta kernel."""
+        def lift(x):
+            if isinstance(x, TensorMeta):
+                return self._tensor(x)
+            if isinstance(x, SymMeta):
+                return self._scalar(x)
+            if isinstance(x, tuple):
+                return tuple(lift(v) for v in x)
+            if isinstance(x, list):
+                return [lift(v) for v in x]
+            if isinstance(x, dict):
+                return {k: lift(v) for k, v in x.items()}
+            return x
+
+        before = dict(self.shape_env.replacements)
+        with self.mode:
+            fake_args, fake_kwargs = lift(args), lift(kwargs)
+            out = target(*fake_args, **fake_kwargs)
+        self._check_no_specialization(target, before)
+        return self._metas(out)
+
+    def _check_no_specialization(self, target, before) -> None:
+        """A kernel that fixed one of our symbols to its example value would give a wrong shape."""
+        for s, v in self.shape_env.replacements.items():
+            if s in before or s not in self.hints:
+                continue
+            if to_expr(v).is_Number:
+                raise ShapeInferenceError(
+                    f"{describe_op(target)}: its meta kernel only works when {s} == {v}; the shape is "
+                    "not symbolic in that size (give the op a hand rule or make the size static)")
+
+    def _metas(self, out):
+        if isinstance(out, torch.Tensor):
+            return TensorMeta(out.dtype, tuple(self._expr(s) for s in out.shape), out.device)
+        if isinstance(out, (tuple, list)):
+            return tuple(self._metas(o) for o in out)
+        if isinstance(out, (torch.SymBool, bool)):
+            return SymMeta(self._expr(out), bool)
+        if isinstance(out, (torch.SymInt, int)):
+            return SymMeta(self._expr(out), int)
+        if isinstance(out, (torch.SymFloat, float)):
+            return SymMeta(self._expr(out), float)
+        if out is None:
+            return None
+        raise ShapeInferenceError(f"meta kernel returned an unsupported value of type {type(out).__name__}")
+
+    def _expr(self, v):
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.ctx.simplify(self.shape_env.simplify(v.node.expr))
+        return to_expr(v)
+
+
+def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
+    """Run ``target`` on small meta tensors with the inputs' dtypes; returns its output (for dtypes).
+
+    Elementwise ops have shapes that a hand rule computes best (broadcasting), but dtype promotion
+    has many special cases (comparisons, true division, integer pow, ``dtype=`` kwargs); the op's
+    own meta kernel on 1-element tensors gets them all right. Rank 0 stays rank 0, because 0-dim
+    tensors take part in promotion differently.
+
+    With ``unknown_rank=r`` the probe instead keeps known ranks (static sizes as they are, symbolic
+    sizes as 1) and gives tensors of unknown rank ``r`` dimensions of size 1.
+    """
+    def lift(x):
+        if isinstance(x, TensorMeta):
+            if unknown_rank is None:
+                shape = (1,) * (1 if x.shape is None else min(len(x.shape), 1))
+            elif x.shape is None:
+                shape = (1,) * unknown_rank
+            else:
+                shape = tuple(int(s) if to_expr(s).is_Integer else 1 for s in x.shape)
+            return torch.empty(shape, dtype=x.dtype, device="meta")
+        if isinstance(x, SymMeta):
+            e = to_expr(x.expr)
+            if unknown_rank is not None and e.is_Number:
+                return x.pytype(e) if x.pytype is not bool else bool(e)
+            return {int: 1, float: 1.0, bool: True}[x.pytype]
+        if isinstance(x, torch.device):
+            return torch.device("meta")
+        if isinstance(x, (tuple, list)):
+            return type(x)(lift(v) for v in x)
+        return x
+
+    kwargs = {k: lift(v) for k, v in kwargs.items()}
+    return target(*lift(tuple(args)), **kwargs)
