@@ -1,0 +1,99 @@
+"""Trace a model with Dynamo through the rewrite backend and keep the optimized graph.
+
+Export runs exactly the pipeline `torch.compile(model, backend=rewrite.get_backend(config))` runs
+(import, freezing of weights, the optimizer, gears), through the backend's ``on_optimized`` hook;
+it does not re-implement any of it. Tracing is whole-graph (``fullgraph=True``) and without
+gradients, so AOTAutograd produces one inference graph with the weights frozen into constants.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+import torch
+
+from ..backend import RewriteBackend
+from ..config import CompilerConfig
+from ..ir import Graph
+from .errors import ExportError
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["Captured", "capture"]
+
+
+@dataclasses.dataclass
+class Captured:
+    graph: Graph  # the optimized graph, weights frozen into constants
+    example_inputs: list  # the flat graph inputs Dynamo passed (real tensors, weights, ints)
+    sources: list  # Dynamo's source name of each graph input, e.g. L['x'], L['self']._parameters['p1']
+    frozen: dict  # graph input index -> weight tensor now held by a constant
+    gear_spec: object
+    graph_outputs: tuple  # what the compiled graph returned on the example call
+    result: object  # what the compiled model returned on the example call
+
+
+class _CaptureBackend(RewriteBackend):
+    def __init__(self, config: CompilerConfig):
+        super().__init__(config)
+        self.graphs: list[dict] = []
+
+    def __call__(self, gm, example_inputs):
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        sources = []
+        for n in placeholders:
+            grapharg = n.meta.get("grapharg")
+            name = grapharg.source.name if grapharg is not None else n.name
+            sources.append(name() if callable(name) else name)
+        entry = {"example_inputs": list(example_inputs), "sources": sources}
+        self.graphs.append(entry)
+        compiled = super().__call__(gm, example_inputs)
+
+        def run(*args):
+            out = compiled(*args)
+            entry["graph_outputs"] = tuple(out) if isinstance(out, (list, tuple)) else (out,)
+            return out
+
+        return run
+
+    def on_optimized(self, graph, name, frozen, gear_spec):
+        if not name.endswith("_inference"):
+            raise ExportError(f"export expected one inference graph, got {name}; export runs under no_grad, so a "
+                              "training graph means the model enables gradients itself")
+        self.graphs[-1].update(graph=graph, frozen=dict(frozen or {}), gear_spec=gear_spec)
+
+
+def capture(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: bool, config: CompilerConfig) -> Captured:
+    """Trace ``model(*args, **kwargs)`` into one optimized graph, or fail saying why it is not one graph."""
+    config = copy.deepcopy(config)
+    # Export freezes weights: the exported graph holds them as constants referenced by name.
+    config.experimental_config.frozen_parameter = True
+    backend = _CaptureBackend(config)
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)
+    try:
+        with torch.no_grad():
+            result = compiled(*args, **kwargs)
+    except ExportError:
+        raise
+    except torch._dynamo.exc.BackendCompilerFailed as e:
+        inner = e.inner_exception if getattr(e, "inner_exception", None) is not None else e
+        if isinstance(inner, ExportError):
+            raise inner from None
+        raise ExportError(f"the rewrite pipeline failed on the traced graph: {inner}") from e
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as e:
+        raise ExportError(
+            "dynamo_export needs the model to trace as one whole graph, and Dynamo could not: "
+            f"{str(e).strip().splitlines()[0]}. Data-dependent control flow (if/else on tensor values) and "
+            "graph breaks cannot be exported; rewrite the branch with torch.where / torch.cond or move it "
+            "out of the model") from e
+    if not backend.graphs:
+        raise ExportError("Dynamo did not call the export backend (the model's code was already compiled and "
+                          "cached); call torch._dynamo.reset() and export again")
+    if len(backend.graphs) != 1 or "graph" not in backend.graphs[0]:
+        raise ExportError(f"the model traced into {len(backend.graphs)} graphs; export needs exactly one")
+    entry = backend.graphs[0]
+    if "graph_outputs" not in entry:
+        raise ExportError("the compiled graph was not run on the example inputs; cannot match its outputs")
+    return Captured(entry["graph"], entry["example_inputs"], entry["sources"], entry["frozen"],
+                    entry["gear_spec"], entry["graph_outputs"], result)
