@@ -72,7 +72,7 @@ class RewriteBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         number = next(_graph_numbers)
-        gear_spec = rgears.collect_gear_specs(example_inputs, self.config)
+        gear_spec = rgears.collect_gear_specs(example_inputs, self.config, gm)
         weights = [i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
                    if _is_weight_source(n) or isinstance(example_inputs[i], torch.nn.Parameter)]
 

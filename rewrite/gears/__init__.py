@@ -1,18 +1,16 @@
-"""Dynamic-shape gears: a symbolic graph becomes one static graph per allowed shape."""
+"""Dynamic-shape gears: a symbolic graph becomes one static graph per allowed shape.
+
+``set_dim_gears`` (spec) declares gears on inputs; ``collect_gear_specs`` merges them when a graph
+is compiled; ``compile_dynamic`` (compile) substitutes each gear into the optimized symbolic graph
+(concretize) and builds a dispatcher (dispatch) that picks the static graph by input shape, with
+optional padding (padding) for shapes between gears.
+"""
 from __future__ import annotations
 
-__all__ = ["set_dim_gears", "collect_gear_specs", "compile_dynamic"]
+from .compile import bind_gears, compile_dynamic
+from .concretize import concretize
+from .dispatch import GearDispatcher
+from .spec import MAX_GEARS, GearError, GearSpec, collect_gear_specs, get_dim_gears, merge_gears, set_dim_gears
 
-
-def set_dim_gears(tensor, dim_gears):
-    raise NotImplementedError("set_dim_gears: gears are not built yet")
-
-
-def collect_gear_specs(example_inputs, config):
-    """The gears recorded on the example inputs by `set_dim_gears`, or None when there are none."""
-    return None
-
-
-def compile_dynamic(graph, gear_spec, config, report, build_static, graph_number):
-    """Compile a graph with size symbols: per gear when gears exist, else run it symbolically."""
-    return build_static(graph)
+__all__ = ["set_dim_gears", "get_dim_gears", "collect_gear_specs", "compile_dynamic", "merge_gears", "bind_gears",
+           "concretize", "GearDispatcher", "GearError", "GearSpec", "MAX_GEARS"]

@@ -1,0 +1,111 @@
+"""Running a geared graph: the input shape picks a static graph by one dict lookup.
+
+The key is the tuple of the gear symbols' values, read straight off the inputs (a SymInt input
+when the graph has one, else ``input.shape[dim]``). A key that is no gear goes to the fallback
+``config.inference_config.gear_fallback`` names: an error (default), padding up to a larger gear,
+or the symbolic graph.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+from typing import Callable
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["GearSymbol", "GearDispatcher"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GearSymbol:
+    """One gear symbol: how to read it from the inputs and how to name it to the user."""
+
+    symbol: object  # sympy.Symbol
+    input_index: int  # tensor input whose size holds it
+    dim: int
+    label: str  # e.g. "input L['x'] dim 0"
+    scalar_index: int | None = None  # a SymInt input carrying the same value, if the graph has one
+
+    def reader(self) -> Callable:
+        if self.scalar_index is not None:
+            return operator.itemgetter(self.scalar_index)
+        i, d = self.input_index, self.dim
+        return lambda args: args[i].shape[d]
+
+
+class GearDispatcher:
+    """The callable a geared graph compiles to: ``fn(*inputs) -> outputs``."""
+
+    def __init__(self, symbols: list[GearSymbol], table: dict, fallback: str,
+                 dynamic_fn: Callable | None = None, padder=None, pad_refusal: str | None = None):
+        self.symbols = symbols
+        self.table = table  # key (tuple of ints) -> compiled static graph
+        self.fallback = fallback
+        self.dynamic_fn = dynamic_fn
+        self.padder = padder  # gears.padding.Padder, when padding was proven safe
+        self.pad_refusal = pad_refusal  # why padding is not allowed, for the error
+        self._readers = [s.reader() for s in symbols]
+        self._misses: dict = {}  # key -> callable that serves it (padded runs)
+
+    @property
+    def gears(self) -> list[tuple]:
+        return list(self.table)
+
+    def key(self, args) -> tuple:
+        return tuple(read(args) for read in self._readers)
+
+    def __call__(self, *args):
+        key = tuple(read(args) for read in self._readers)
+        fn = self.table.get(key)
+        if fn is None:
+            fn = self._misses.get(key) or self._miss(key)
+        return fn(*args)
+
+    def _miss(self, key: tuple) -> Callable:
+        if self.fallback == "dynamic" and self.dynamic_fn is not None:
+            return self.dynamic_fn
+        if self.fallback == "pad":
+            if self.padder is not None:
+                target = self._smallest_larger(key)
+                if target is not None:
+                    log.info("gears: shape %s is not a gear; padding up to gear %s", self._describe(key), target)
+                    fn = self.padder.make(key, target, self.table[target])
+                    self._misses[key] = fn
+                    return fn
+                raise self._error(key, "and no gear is larger in every padded dimension")
+            raise self._error(key, f"and padding is not possible: {self.pad_refusal}")
+        raise self._error(key, "")
+
+    def _smallest_larger(self, key: tuple):
+        """The gear with the fewest elements that is >= key everywhere (equal where padding is not allowed)."""
+        best, best_size = None, None
+        for gear in self.table:
+            ok = all(g == k or (g > k and self.padder.can_pad(i)) for i, (g, k) in enumerate(zip(gear, key)))
+            if ok:
+                size = 1
+                for g in gear:
+                    size *= g
+                if best is None or size < best_size:
+                    best, best_size = gear, size
+        return best
+
+    def _describe(self, key: tuple) -> str:
+        return ", ".join(f"{s.label} = {v}" for s, v in zip(self.symbols, key))
+
+    def _error(self, key: tuple, why: str) -> "GearError":
+        from .spec import GearError
+
+        parts = []
+        for i, (s, v) in enumerate(zip(self.symbols, key)):
+            allowed = sorted({g[i] for g in self.table})
+            if v not in allowed:
+                parts.append(f"{s.label} has size {v}; allowed gears for it: {allowed}")
+        if not parts:  # every value is some gear's, but not this combination
+            labels = ", ".join(s.label for s in self.symbols)
+            parts.append(f"sizes ({self._describe(key)}) are not a gear combination; gears of ({labels}): "
+                         f"{sorted(self.table)}")
+        hint = "" if self.fallback != "error" else \
+            " (set config.inference_config.gear_fallback to 'pad' or 'dynamic' to run other shapes)"
+        return GearError("input shape is not one of the compiled gears: " + "; ".join(parts)
+                         + (f" {why}" if why else "") + hint)

@@ -1,0 +1,609 @@
+"""Padding a shape up to a larger gear, when the graph provably keeps the padded rows to themselves.
+
+Padding dimension ``s`` of the inputs from ``n`` to a gear ``g > n`` and slicing the outputs back
+is only correct if no output element at a real row ever reads a padded row: no reduction, matmul
+contraction, attention, cumulative op or gather runs across ``s``. `row_states` proves that with a
+forward dataflow over the IR. Each value gets one state per symbol:
+
+* ``INDEP``: neither its shape nor its data depends on ``s``;
+* ``Row(dim, k)``: dimension ``dim`` has size ``s*k`` and element ``i`` along it belongs to row
+  ``i // k`` and depends only on that row of the inputs (``k > 1`` after flattening the row dim
+  with the dims after it, as ``[s, 32, 384] -> [32*s, 384]`` before a matmul does);
+* ``SYM``: a scalar whose value depends on ``s`` (size arithmetic); it may only feed shape arguments.
+
+Each op's transfer function is in `_TRANSFER`; an op not in the table that touches a
+non-``INDEP`` value stops the proof with a reason naming the node, and padding is refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import sympy
+import torch
+
+from ..ir import Graph, Node, SymMeta, TensorMeta, op_name
+
+__all__ = ["plan_padding", "row_states", "NotRowwise", "Row", "INDEP", "SYM", "Padder"]
+
+
+class _Marker:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+INDEP = _Marker("INDEP")
+SYM = _Marker("SYM")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    dim: int
+    k: sympy.Expr = sympy.Integer(1)
+
+
+class NotRowwise(Exception):
+    """The proof failed; the message names the node and why."""
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _has(expr, s) -> bool:
+    return s in sympy.sympify(expr).free_symbols
+
+
+def _shape(meta) -> tuple:
+    return tuple(sympy.sympify(x) for x in meta.shape)
+
+
+def _row_of_shape(shape, s) -> Row | None:
+    """The Row state of a value whose data does not depend on rows (constant along ``s``)."""
+    dims = [d for d, size in enumerate(shape) if _has(size, s)]
+    if not dims:
+        return None
+    if len(dims) > 1:
+        raise NotRowwise(f"{s} appears in {len(dims)} dimensions of shape {shape}")
+    k = sympy.simplify(shape[dims[0]] / s)
+    if _has(k, s) or not (k.is_Integer and k > 0):
+        raise NotRowwise(f"dimension {dims[0]} has size {shape[dims[0]]}, not a multiple of {s}")
+    return Row(dims[0], k)
+
+
+def _prod(xs):
+    return sympy.Mul(*xs) if xs else sympy.Integer(1)
+
+
+def _reshape(state: Row, in_shape, out_shape, s) -> Row:
+    """Where a row dim lands after a reshape (flat order is kept, so its stride and prefix must match)."""
+    stride = state.k * _prod(in_shape[state.dim + 1:])
+    prefix = _prod(in_shape[:state.dim])
+    for e in range(len(out_shape)):
+        k = sympy.simplify(stride / _prod(out_shape[e + 1:]))
+        if _has(k, s) or not (k.is_Integer and k > 0):
+            continue
+        if sympy.simplify(out_shape[e] - s * k) == 0 and sympy.simplify(_prod(out_shape[:e]) - prefix) == 0:
+            return Row(e, k)
+    raise NotRowwise(f"reshape {list(in_shape)} -> {list(out_shape)} mixes the rows of {s} with other dims")
+
+
+def _norm(d: int, rank: int) -> int:
+    return d % rank if rank else 0
+
+
+def _arg(node: Node, index: int, name: str, default=None):
+    """An argument by position or keyword (ATen schemas name every argument)."""
+    if index < len(node.args):
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+# -- transfer functions: (node, states of its args (same nesting as node.args), s) -> state ------
+
+def _tensor_states(node, states) -> list:
+    """States of the tensor inputs, flattened."""
+    out = []
+
+    def walk(a, st):
+        if isinstance(a, Node):
+            out.append((a, st))
+        elif isinstance(a, (list, tuple)):
+            for x, y in zip(a, st):
+                walk(x, y)
+    walk(node.args, states)
+    return out
+
+
+def _check_no_sym(node, inputs):
+    for n, st in inputs:
+        if st is SYM:
+            raise NotRowwise(f"node %{node.name} ({node.op}) computes with a value that depends on the padded size")
+
+
+def _pointwise(node, states, s):
+    """Broadcasting elementwise ops: every row input must put its row on the same output dim."""
+    inputs = _tensor_states(node, states)
+    _check_no_sym(node, inputs)
+    rank = len(node.meta.shape)
+    found = set()
+    for n, st in inputs:
+        if isinstance(st, Row):
+            found.add(Row(st.dim + rank - len(n.meta.shape), st.k))
+    if len(found) > 1:
+        raise NotRowwise(f"node %{node.name} ({node.op}) combines rows of {s} on different dims {sorted(found, key=str)}")
+    return found.pop() if found else INDEP
+
+
+def _identity(node, states, s):
+    st = states[0]
+    _check_no_sym(node, _tensor_states(node, states))
+    return st
+
+
+def _reduction(dim_index, keepdim_index, all_if_empty=True):
+    """Reductions over ``args[dim_index]``: fine unless the row dim is reduced."""
+    def transfer(node, states, s):
+        st = states[0]
+        _check_no_sym(node, _tensor_states(node, states))
+        if not isinstance(st, Row):
+            return INDEP
+        rank = len(node.args[0].meta.shape)
+        dims = _arg(node, dim_index, "dim")
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        dims = [_norm(d, rank) for d in dims] if dims or not all_if_empty else list(range(rank))
+        if st.dim in dims:
+            raise NotRowwise(f"node %{node.name} ({node.op}) reduces across the rows of {s} (dim {st.dim})")
+        keepdim = keepdim_index is not None and bool(_arg(node, keepdim_index, "keepdim", False))
+        new = Row(st.dim if keepdim else st.dim - sum(d < st.dim for d in dims), st.k)
+        return tuple(new for _ in node.meta) if isinstance(node.meta, tuple) else new
+    return transfer
+
+
+def _along_dim(dim_index):
+    """Shape-keeping ops that mix values along one dim (softmax, cumsum): fine off the row dim."""
+    def transfer(node, states, s):
+        st = states[0]
+        _check_no_sym(node, _tensor_states(node, states))
+        if isinstance(st, Row) and _norm(_arg(node, dim_index, "dim"), len(node.meta.shape)) == st.dim:
+            raise NotRowwise(f"node %{node.name} ({node.op}) mixes values along the rows of {s}")
+        return st
+    return transfer
+
+
+def _layer_norm(node, states, s):
+    st = states[0]
+    _check_no_sym(node, _tensor_states(node, states))
+    for other in states[2:4]:
+        if isinstance(other, Row):
+            raise NotRowwise(f"node %{node.name} ({node.op}): weight or bias depends on the rows of {s}")
+    if not isinstance(st, Row):
+        return tuple(INDEP for _ in node.meta)
+    rank = len(node.args[0].meta.shape)
+    if st.dim >= rank - len(node.args[1]):
+        raise NotRowwise(f"node %{node.name} ({node.op}) normalizes across the rows of {s}")
+    return (st, st, st)
+
+
+def _mm(node, states, s):
+    a, b = states[-2], states[-1]
+    _check_no_sym(node, _tensor_states(node, states))
+    out = INDEP
+    if isinstance(a, Row):
+        if a.dim != 0 or isinstance(b, Row):
+            raise NotRowwise(f"node %{node.name} ({node.op}) contracts over the rows of {s}")
+        out = a
+    elif isinstance(b, Row):
+        if b.dim != 1:
+            raise NotRowwise(f"node %{node.name} ({node.op}) contracts over the rows of {s}")
+        out = b
+    if len(states) == 3 and isinstance(states[0], Row):  # addmm's bias broadcasts against the product
+        bias = Row(states[0].dim + 2 - len(node.args[0].meta.shape), states[0].k)
+        if out is not INDEP and bias != out:
+            raise NotRowwise(f"node %{node.name} ({node.op}): bias rows and product rows of {s} differ")
+        out = bias
+    return out
+
+
+def _bmm(node, states, s):
+    a, b = states[0], states[1]
+    _check_no_sym(node, _tensor_states(node, states))
+    if isinstance(a, Row) and isinstance(b, Row):
+        if a == b and a.dim == 0:
+            return a
+    elif isinstance(a, Row) and a.dim in (0, 1):
+        return a
+    elif isinstance(b, Row) and b.dim in (0, 2):
+        return b
+    elif not isinstance(a, Row) and not isinstance(b, Row):
+        return INDEP
+    raise NotRowwise(f"node %{node.name} ({node.op}) contracts over the rows of {s}")
+
+
+def _attention(node, states, s):
+    """SDPA(q, k, v, ...): rows may be batch or head dims of all of q, k, v (and the mask)."""
+    inputs = _tensor_states(node, states)
+    _check_no_sym(node, inputs)
+    rows = {st for _, st in inputs if isinstance(st, Row)}
+    if not rows:
+        return tuple(INDEP for _ in node.meta) if isinstance(node.meta, tuple) else INDEP
+    q, k, v = states[0], states[1], states[2]
+    if len(rows) > 1 or next(iter(rows)).dim not in (0, 1) or not (q == k == v):
+        raise NotRowwise(f"node %{node.name} ({node.op}) attends across the rows of {s}")
+    row = next(iter(rows))
+    return tuple(row for _ in node.meta) if isinstance(node.meta, tuple) else row
+
+
+def _view(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        return _row_of_shape(_shape(node.meta), s) or INDEP
+    return _reshape(st, _shape(node.args[0].meta), _shape(node.meta), s)
+
+
+def _expand(node, states, s):
+    st = states[0]
+    out_shape = _shape(node.meta)
+    if not isinstance(st, Row):  # the same data repeated along the new size: constant per row
+        return _row_of_shape(out_shape, s) or INDEP
+    new = Row(st.dim + len(out_shape) - len(node.args[0].meta.shape), st.k)
+    if _row_of_shape(out_shape, s) != new:
+        raise NotRowwise(f"node %{node.name} ({node.op}) expands to {list(out_shape)}, repeating rows of {s}")
+    return new
+
+
+def _permute(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        return st
+    dims = [_norm(d, len(node.meta.shape)) for d in node.args[1]]
+    return Row(dims.index(st.dim), st.k)
+
+
+def _transpose(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        return st
+    rank = len(node.meta.shape)
+    a, b = (_norm(d, rank) for d in node.args[1:3]) if node.op != "aten.t.default" else (0, 1)
+    return Row(b if st.dim == a else a if st.dim == b else st.dim, st.k)
+
+
+def _unsqueeze(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        return st
+    d = _norm(node.args[1], len(node.meta.shape))
+    return Row(st.dim + (d <= st.dim), st.k)
+
+
+def _squeeze(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        return st
+    return _reshape(st, _shape(node.args[0].meta), _shape(node.meta), s)
+
+
+def _slice(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        if any(x is SYM for x in states[1:]):
+            raise NotRowwise(f"node %{node.name} ({node.op}) slices by a size that depends on {s}")
+        return st
+    rank = len(node.args[0].meta.shape)
+    dim = _norm(_arg(node, 1, "dim", 0), rank)
+    if dim != st.dim:
+        if any(x is SYM for x in states[1:]):
+            raise NotRowwise(f"node %{node.name} ({node.op}) slices by a size that depends on {s}")
+        return st
+    if sympy.simplify(_shape(node.meta)[dim] - _shape(node.args[0].meta)[dim]) == 0:
+        return st  # a full slice of the row dim is the identity
+    raise NotRowwise(f"node %{node.name} ({node.op}) slices the rows of {s}")
+
+
+def _select(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        return st
+    dim = _norm(node.args[1], len(node.args[0].meta.shape))
+    index = node.args[2]
+    if dim != st.dim:
+        return Row(st.dim - (dim < st.dim), st.k)
+    if isinstance(index, int) and index >= 0 and st.k == 1:
+        return INDEP  # one real row, the same whatever the padding
+    raise NotRowwise(f"node %{node.name} ({node.op}) picks row {index} of {s}, which depends on the padded size")
+
+
+def _embedding(node, states, s):
+    weight, indices = states[0], states[1]
+    if isinstance(weight, Row):
+        raise NotRowwise(f"node %{node.name} ({node.op}) looks up rows of {s}")
+    return indices
+
+
+def _index_select(node, states, s):
+    x, index = states[0], states[2]
+    dim = _norm(node.args[1], len(node.args[0].meta.shape))
+    if isinstance(index, Row):
+        if isinstance(x, Row):
+            raise NotRowwise(f"node %{node.name} ({node.op}) indexes rows of {s} by rows of {s}")
+        return Row(dim, index.k)
+    if isinstance(x, Row) and x.dim == dim:
+        raise NotRowwise(f"node %{node.name} ({node.op}) selects among the rows of {s}")
+    return x
+
+
+def _cat(node, states, s):
+    tensors = [n for n in node.args[0]]
+    rows = [st for n, st in zip(tensors, states[0]) if not _empty_1d(n)]
+    if not any(isinstance(st, Row) for st in rows):
+        return INDEP
+    dim = _norm(_arg(node, 1, "dim", 0), len(node.meta.shape))
+    if len(set(rows)) != 1 or rows[0].dim == dim:
+        raise NotRowwise(f"node %{node.name} ({node.op}) concatenates across or mixes the rows of {s}")
+    return rows[0]
+
+
+def _empty_1d(n: Node) -> bool:
+    """cat skips legacy empty 1-D tensors (shape [0])."""
+    return isinstance(n.meta, TensorMeta) and tuple(n.meta.shape) == (0,)
+
+
+def _split(node, states, s):
+    st = states[0]
+    if not isinstance(st, Row):
+        return tuple(st for _ in node.meta)
+    dim = _norm(_arg(node, 2, "dim", 0), len(node.args[0].meta.shape))
+    if dim == st.dim:
+        raise NotRowwise(f"node %{node.name} ({node.op}) splits the rows of {s}")
+    return tuple(st for _ in node.meta)
+
+
+def _factory(node, states, s):
+    """zeros/ones/full/empty/arange over sizes: the same value in every row (arange: the row index)."""
+    if node.op.startswith("aten.arange"):
+        start = node.args[0] if node.op != "aten.arange.default" else 0
+        step = node.args[2] if node.op == "aten.arange.start_step" and len(node.args) > 2 else 1
+        if any(x is SYM for x in states) and (start != 0 or step != 1):
+            raise NotRowwise(f"node %{node.name} ({node.op}) counts with a start or step depending on {s}")
+        return _row_of_shape(_shape(node.meta), s) or INDEP
+    for i, st in enumerate(states):
+        if st is SYM and not _is_size_arg(node, i):
+            raise NotRowwise(f"node %{node.name} ({node.op}) fills with a value that depends on {s}")
+        if isinstance(st, Row) and not node.op.endswith("_like.default") and not node.op.startswith("aten.new_"):
+            raise NotRowwise(f"node %{node.name} ({node.op}) reads rows of {s}")
+    return _row_of_shape(_shape(node.meta), s) or INDEP
+
+
+def _is_size_arg(node, i) -> bool:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload) and i < len(t._schema.arguments):
+        return t._schema.arguments[i].name in ("size", "end", "start")
+    return False
+
+
+def _getitem(node, states, s):
+    st = states[0]
+    return st[node.args[1]] if isinstance(st, tuple) else st
+
+
+def _size_arith(node, states, s):
+    return SYM if isinstance(node.meta, SymMeta) and _has(node.meta.expr, s) else INDEP
+
+
+def _ops(*names):
+    return names
+
+
+_TRANSFER = {}
+for _names, _fn in [
+    (_ops("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.view_copy.default"), _view),
+    (_ops("aten.expand.default",), _expand),
+    (_ops("aten.permute.default",), _permute),
+    (_ops("aten.transpose.int", "aten.t.default"), _transpose),
+    (_ops("aten.unsqueeze.default",), _unsqueeze),
+    (_ops("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"), _squeeze),
+    (_ops("aten.slice.Tensor",), _slice),
+    (_ops("aten.select.int",), _select),
+    (_ops("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten._to_copy.default",
+          "aten.lift_fresh_copy.default", "aten.contiguous.default"), _identity),
+    (_ops("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default",
+          "aten.any.dim", "aten.any.dims", "aten.all.dim", "aten.logsumexp.default", "aten.prod.dim_int",
+          "aten.max.dim", "aten.min.dim", "aten.argmax.default", "aten.argmin.default"), _reduction(1, 2)),
+    (_ops("aten.var.correction", "aten.std.correction", "aten.var_mean.correction"), _reduction(1, 3)),
+    (_ops("aten.sum.default", "aten.mean.default", "aten.max.default", "aten.min.default"),
+     _reduction(99, None)),
+    (_ops("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int",
+          "aten.cumsum.default", "aten.cumprod.default", "aten.sort.default"), _along_dim(1)),
+    (_ops("aten.native_layer_norm.default",), _layer_norm),
+    (_ops("aten.mm.default", "aten.addmm.default"), _mm),
+    (_ops("aten.bmm.default",), _bmm),
+    (_ops("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.scaled_dot_product_attention.default",
+          "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_flash_attention.default",
+          "aten._scaled_dot_product_cudnn_attention.default"), _attention),
+    (_ops("aten.embedding.default",), _embedding),
+    (_ops("aten.index_select.default",), _index_select),
+    (_ops("aten.cat.default",), _cat),
+    (_ops("aten.split_with_sizes.default", "aten.split.Tensor", "aten.chunk.default"), _split),
+    (_ops("aten.arange.default", "aten.arange.start", "aten.arange.start_step", "aten.zeros.default",
+          "aten.ones.default", "aten.full.default", "aten.empty.memory_format", "aten.new_zeros.default",
+          "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default", "aten.zeros_like.default",
+          "aten.ones_like.default", "aten.full_like.default", "aten.empty_like.default", "aten.scalar_tensor.default"),
+     _factory),
+    (_ops("getitem",), _getitem),
+    (_ops("aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"), _size_arith),
+]:
+    for _n in _names:
+        _TRANSFER[_n] = _fn
+
+
+def _transfer_for(node: Node):
+    name = node.op
+    if name in _TRANSFER:
+        return _TRANSFER[name]
+    if node.target in _SIZE_OPS:
+        return _size_arith
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags and not t._schema.is_mutable:
+        return _pointwise
+    if name in ("aten.where.self", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor"):
+        return _pointwise
+    return None
+
+
+_SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
+             operator.neg, operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge}
+
+
+def _map_states(obj, env):
+    if isinstance(obj, Node):
+        return env[obj.id]
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_states(x, env) for x in obj)
+    return INDEP
+
+
+def _touches(meta, s) -> bool:
+    if isinstance(meta, TensorMeta):
+        return any(_has(x, s) for x in meta.shape)
+    if isinstance(meta, SymMeta):
+        return _has(meta.expr, s)
+    if isinstance(meta, (tuple, list)):
+        return any(_touches(m, s) for m in meta)
+    return False
+
+
+def _flat(states):
+    if isinstance(states, (tuple, list)):
+        for x in states:
+            yield from _flat(x)
+    else:
+        yield states
+
+
+def row_states(graph: Graph, s) -> dict:
+    """The state of every node for symbol ``s``; raises NotRowwise naming the node that mixes rows."""
+    env: dict = {}
+    for node in graph.nodes:
+        if node.kind == "placeholder":
+            if isinstance(node.meta, TensorMeta):
+                shape = _shape(node.meta)
+                dims = [d for d, x in enumerate(shape) if _has(x, s)]
+                if len(dims) > 1 or (dims and shape[dims[0]] != s):
+                    raise NotRowwise(f"input %{node.name} has shape {list(shape)}; padding {s} needs it in one dim as "
+                                     f"exactly {s}")
+                env[node.id] = Row(dims[0]) if dims else INDEP
+            elif isinstance(node.meta, SymMeta) and _has(node.meta.expr, s):
+                if sympy.sympify(node.meta.expr) != s:
+                    raise NotRowwise(f"input %{node.name} is {node.meta.expr}; padding {s} needs it to be {s}")
+                env[node.id] = SYM
+            else:
+                env[node.id] = INDEP
+            continue
+        if node.kind == "constant":
+            env[node.id] = INDEP
+            continue
+        if node.kind == "output":
+            continue
+        states = _map_states(node.args, env)
+        if not any(x is not INDEP for x in _flat(states)) and not _touches(node.meta, s):
+            env[node.id] = INDEP
+            continue
+        transfer = _transfer_for(node)
+        if transfer is None:
+            raise NotRowwise(f"node %{node.name} ({node.op}) is not known to keep the rows of {s} independent")
+        for v in node.kwargs.values():
+            if isinstance(v, Node) and env[v.id] is not INDEP and transfer not in (_factory, _attention):
+                raise NotRowwise(f"node %{node.name} ({node.op}) takes a keyword argument depending on {s}")
+        env[node.id] = transfer(node, states, s)
+    return env
+
+
+# -- the runtime side ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _SymbolPlan:
+    inputs: list  # (input index, dim) tensors to pad
+    scalars: list  # SymInt input indices to replace by the gear value
+
+
+class Padder:
+    """Pads inputs up to a gear and slices outputs back, for the symbols proven row-independent."""
+
+    def __init__(self, graph: Graph, symbols: list, plans: dict, output_states: list, output_metas: list):
+        self.symbols = symbols  # GearSymbol list (dispatch key order)
+        self.plans = plans  # key position -> _SymbolPlan (only paddable symbols)
+        self.output_states = output_states  # per output: {key position: Row or INDEP}
+        self.output_metas = output_metas
+
+    def can_pad(self, position: int) -> bool:
+        return position in self.plans
+
+    def make(self, key: tuple, target: tuple, fn):
+        pads = []  # (input index, dim, amount)
+        scalars = {}
+        for pos, (have, want) in enumerate(zip(key, target)):
+            if have == want:
+                continue
+            plan = self.plans[pos]
+            pads.extend((i, d, want - have) for i, d in plan.inputs)
+            scalars.update({i: want for i in plan.scalars})
+        real = {s.symbol: v for s, v in zip(self.symbols, key)}
+        slices, fixed = [], {}
+        for j, (states, meta) in enumerate(zip(self.output_states, self.output_metas)):
+            if isinstance(meta, SymMeta):
+                fixed[j] = int(sympy.sympify(meta.expr).subs(real)) if meta.pytype is int else meta.pytype(
+                    sympy.sympify(meta.expr).subs(real))
+                continue
+            for pos, st in states.items():
+                if isinstance(st, Row) and key[pos] != target[pos]:
+                    slices.append((j, st.dim, int(st.k) * key[pos]))
+
+        def run_padded(*args):
+            args = list(args)
+            for i, d, amount in pads:
+                x = args[i]
+                shape = list(x.shape)
+                shape[d] = amount
+                args[i] = torch.cat([x, x.new_zeros(shape)], dim=d)
+            for i, v in scalars.items():
+                args[i] = v
+            outs = list(fn(*args))
+            for j, d, n in slices:
+                outs[j] = outs[j].narrow(d, 0, n)
+            for j, v in fixed.items():
+                outs[j] = v
+            return tuple(outs)
+        return run_padded
+
+
+def plan_padding(graph: Graph, symbols: list):
+    """A Padder for the gear symbols that may be padded, and why the others may not (None if all may)."""
+    outputs = graph.outputs
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    plans, refusals = {}, []
+    output_states = [dict() for _ in outputs]
+    for pos, gs in enumerate(symbols):
+        s = gs.symbol
+        try:
+            env = row_states(graph, s)
+            for j, out in enumerate(outputs):
+                st = env[out.id] if isinstance(out, Node) else INDEP
+                if isinstance(out, Node) and isinstance(out.meta, TensorMeta) and not isinstance(st, Row) \
+                        and st is not INDEP:
+                    raise NotRowwise(f"output {j} (%{out.name}) is not row-wise in {s}")
+                output_states[j][pos] = st
+        except NotRowwise as e:
+            refusals.append(f"{gs.label} ({s}): {e}")
+            continue
+        placeholders = graph.placeholders
+        plans[pos] = _SymbolPlan(
+            inputs=[(i, env[p.id].dim) for i, p in enumerate(placeholders)
+                    if isinstance(p.meta, TensorMeta) and isinstance(env[p.id], Row)],
+            scalars=[i for i, p in enumerate(placeholders) if env[p.id] is SYM])
+    refusal = "; ".join(refusals) if refusals else None
+    if not plans:
+        return None, refusal
+    metas = [o.meta if isinstance(o, Node) else None for o in outputs]
+    return Padder(graph, symbols, plans, output_states, metas), refusal

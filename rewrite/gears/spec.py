@@ -1,0 +1,205 @@
+"""Declaring gears on input tensors and merging them into the list of gears a graph is compiled for.
+
+A *gear* is one allowed combination of sizes for the dynamic dimensions of a graph's inputs. The
+user declares per tensor which values each dimension may take (`set_dim_gears`); the merge policy
+(``config.inference_config.dynamic_gears_merge_policy``) says how lists combine, first the lists
+of one tensor, then the tensors with each other:
+
+* ``zip``: position by position (lists must have equal lengths);
+* ``product``: every combination (Cartesian product).
+
+At most `MAX_GEARS` gears are allowed in total: each one is a separate static graph to compile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+
+import torch
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["GearError", "set_dim_gears", "get_dim_gears", "collect_gear_specs", "GearSpec", "InputGears",
+           "MAX_GEARS"]
+
+MAX_GEARS = 100
+
+# The attribute set_dim_gears stores the declared gears in: {dim (non-negative): (values...)}.
+_ATTR = "_rewrite_dim_gears"
+
+
+class GearError(ValueError):
+    """Gears were declared wrongly, or an input's shape is not one of the gears."""
+
+
+def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
+    """Declare the sizes dimension ``dim`` of ``tensor`` may take: ``dim_gears={dim: [values...]}``.
+
+    Checked at once: ``dim`` must be in range for the tensor (negative dims count from the end),
+    values positive ints; a dim already given gears on this tensor may only be given the same
+    values again. The dims are marked dynamic for Dynamo, so one trace serves every gear.
+
+    Size 1: Dynamo specializes sizes 0 and 1 of backed symbols, so a batch-1 call would trace a
+    second graph (as a gear it would be compiled twice; outside the gears it would bypass the gear
+    check). This turns on torch's ``torch.fx.experimental._config.backed_size_oblivious``, which
+    gives dynamic sizes the range [0, oo) without the 0/1 specialization. Dynamo reads the flag
+    while tracing, before any backend sees the graph, so it is set here and put back to its old
+    value as soon as the rewrite backend receives the traced graph carrying the gears
+    (`collect_gear_specs`). `mark_unbacked` would need no flag but fails on models that branch on
+    a size (transformers' ``q_length > 1``), so it is not used.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise GearError(f"set_dim_gears: expected a torch.Tensor, got {type(tensor).__name__}")
+    if not isinstance(dim_gears, dict) or not dim_gears:
+        raise GearError(f"set_dim_gears: dim_gears must be a non-empty dict {{dim: [values...]}}, got {dim_gears!r}")
+    rank = tensor.dim()
+    normalized: dict[int, tuple[int, ...]] = {}
+    for dim, values in dim_gears.items():
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise GearError(f"set_dim_gears: dim {dim!r} must be an int in [{-rank}, {rank - 1}]")
+        if not -rank <= dim < rank:
+            raise GearError(f"set_dim_gears: dim {dim} is out of range for a tensor of rank {rank} "
+                            f"(shape {tuple(tensor.shape)}); allowed dims are {-rank}..{rank - 1}")
+        d = dim % rank
+        if d in normalized:
+            raise GearError(f"set_dim_gears: dim {dim} and dim {d - rank if dim >= 0 else d} name the same "
+                            f"dimension of a rank-{rank} tensor; give it once")
+        if not isinstance(values, (list, tuple)) or not values:
+            raise GearError(f"set_dim_gears: gears of dim {dim} must be a non-empty list of positive ints, "
+                            f"got {values!r}")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise GearError(f"set_dim_gears: gear value {v!r} of dim {dim} is not allowed; "
+                                f"gear values must be positive ints, got {list(values)}")
+        normalized[d] = tuple(values)
+    existing: dict = getattr(tensor, _ATTR, {})
+    for d, values in normalized.items():
+        if d in existing and existing[d] != values:
+            raise GearError(f"set_dim_gears: dim {d} of this tensor already has gears {list(existing[d])}; "
+                            f"it cannot be set again to different gears {list(values)}")
+    merged = {**existing, **normalized}
+    setattr(tensor, _ATTR, merged)
+    _allow_size_one()
+    for d in normalized:
+        torch._dynamo.mark_dynamic(tensor, d)
+
+
+def get_dim_gears(tensor) -> dict:
+    """The gears `set_dim_gears` recorded on ``tensor`` ({} if none)."""
+    return dict(getattr(tensor, _ATTR, {}) or {})
+
+
+_saved_size_oblivious: list = []  # the flag's value before set_dim_gears turned it on
+
+
+def _allow_size_one() -> None:
+    cfg = torch.fx.experimental._config
+    if not _saved_size_oblivious:
+        _saved_size_oblivious.append(cfg.backed_size_oblivious)
+        log.debug("set_dim_gears: backed_size_oblivious on until the geared graph is traced")
+    cfg.backed_size_oblivious = True
+
+
+def _restore_size_oblivious() -> None:
+    if _saved_size_oblivious:
+        torch.fx.experimental._config.backed_size_oblivious = _saved_size_oblivious.pop()
+
+
+@dataclasses.dataclass(frozen=True)
+class InputGears:
+    """The gears declared on one graph input."""
+
+    index: int  # position among the graph's inputs
+    name: str  # what the user calls it (Dynamo's source name when known)
+    dims: dict  # {dim: (values...)}
+    shape: tuple  # the example input's shape, for the log
+
+    def combos(self, policy: str) -> list[dict]:
+        """This tensor's own gears: a list of {dim: value}."""
+        dims = sorted(self.dims)
+        if policy == "zip":
+            lengths = {d: len(self.dims[d]) for d in dims}
+            if len(set(lengths.values())) > 1:
+                raise GearError(f"input {self.name}: with dynamic_gears_merge_policy='zip' every dim's gear list must "
+                                f"have the same length, got lengths {lengths}; use equal lengths or 'product'")
+            return [dict(zip(dims, values)) for values in zip(*(self.dims[d] for d in dims))]
+        return [dict(zip(dims, values)) for values in itertools.product(*(self.dims[d] for d in dims))]
+
+
+@dataclasses.dataclass(frozen=True)
+class GearSpec:
+    """All gears of one graph: which inputs carry them and the merged list of gears.
+
+    ``gears`` holds one dict per gear, ``{(input index, dim): size}``, in declaration order and
+    without duplicates.
+    """
+
+    inputs: tuple  # of InputGears
+    gears: tuple  # of dict[(int, int), int]
+    policy: str
+
+    def allowed(self, index: int, dim: int) -> list[int]:
+        """The sizes dimension ``dim`` of input ``index`` takes across the gears (sorted)."""
+        return sorted({g[(index, dim)] for g in self.gears})
+
+    def input(self, index: int) -> InputGears:
+        return next(i for i in self.inputs if i.index == index)
+
+
+def merge_gears(inputs: list[InputGears], policy: str) -> list[dict]:
+    """Combine the tensors' gear lists with ``policy``; at most MAX_GEARS gears."""
+    if policy not in ("zip", "product"):
+        raise GearError(f"dynamic_gears_merge_policy = {policy!r} is not allowed; choose 'zip' or 'product'")
+    per_input = [[{(i.index, d): v for d, v in combo.items()} for combo in i.combos(policy)] for i in inputs]
+    if policy == "zip":
+        counts = {i.name: len(c) for i, c in zip(inputs, per_input)}
+        if len(set(counts.values())) > 1:
+            raise GearError(f"with dynamic_gears_merge_policy='zip' every input must have the same number of gears, "
+                            f"got {counts}; make them equal or use 'product'")
+        total = len(per_input[0])
+        rows = zip(*per_input)
+    else:
+        total = 1
+        for c in per_input:
+            total *= len(c)
+        rows = itertools.product(*per_input) if total <= MAX_GEARS else ()
+    if total > MAX_GEARS:
+        raise GearError(f"{total} gears declared ({policy} of {', '.join(i.name for i in inputs)}); "
+                        f"at most {MAX_GEARS} gears are allowed")
+    gears, seen = [], set()
+    for row in rows:
+        gear: dict = {}
+        for part in row:
+            gear.update(part)
+        key = tuple(sorted(gear.items()))
+        if key not in seen:
+            seen.add(key)
+            gears.append(gear)
+    return gears
+
+
+def _input_names(gm, count: int) -> list[str]:
+    names = [f"input {i}" for i in range(count)]
+    if gm is None:
+        return names
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(placeholders[:count]):
+        grapharg = n.meta.get("grapharg")
+        source = getattr(grapharg, "source", None)
+        name = getattr(source, "name", None)
+        name = name() if callable(name) else name
+        names[i] = name or n.name
+    return names
+
+
+def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
+    """The gears recorded on the example inputs by `set_dim_gears`, merged; None when there are none."""
+    names = _input_names(gm, len(example_inputs))
+    inputs = [InputGears(i, names[i], get_dim_gears(x), tuple(x.shape))
+              for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
+    if not inputs:
+        return None
+    _restore_size_oblivious()  # the geared trace is done (see set_dim_gears)
+    policy = config.inference_config.dynamic_gears_merge_policy
+    return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy)), policy)
