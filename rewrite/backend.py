@@ -83,7 +83,10 @@ class RewriteBackend:
                     frozen = {i: example_inputs[i] for i in weights}
                 else:
                     log.info("graph %d: cannot freeze weights (AOT changed the inputs); kept as inputs", number)
-            return self.compile_graph(aot_gm, f"g{number}_{kind}", number, frozen, gear_spec)
+            # AOTAutograd calls compilers under its fake mode; frozen weights are real tensors that
+            # passes (folding) compute with, so compile outside it.
+            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                return self.compile_graph(aot_gm, f"g{number}_{kind}", number, frozen, gear_spec)
 
         def compile_bw(aot_gm, aot_inputs):
             return self.compile_graph(aot_gm, f"g{number}_backward", number, (), None)
