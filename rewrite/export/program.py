@@ -177,7 +177,8 @@ def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: di
             n.attrs["module_path"] = n.attrs["module_stack"][-1]
 
     writer = WeightWriter(weight_names, folder)
-    graph_data = encode_graph(g, writer.encode_constant, keep_attr=lambda key: True)
+    # weight_name (the placeholder a constant replaced) is superseded by the constant's {"weight": name}.
+    graph_data = encode_graph(g, writer.encode_constant, keep_attr=lambda key: key != "weight_name")
     collectives = collectives_of(g)
     data = {
         "format": "rewrite.export",
