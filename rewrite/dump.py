@@ -58,13 +58,28 @@ def graph_to_py(g: Graph) -> str:
     """The graph as Python source that calls ATen ops, with a header naming the inputs."""
     from .exec.codegen import generate_source
 
-    src, _ = generate_source(g)
+    # A multi-stream graph shows the per-stream code the scheduler generated, waits included.
+    src = getattr(g, "executable_source", None) or generate_source(g)[0]
     header = "\n".join(f"# input %{p.name}: {format_meta(p.meta)}" for p in g.placeholders)
     return f"# rewrite graph {g.name}\n{header}\n{src}"
 
 
+def graph_to_txt(g: Graph) -> str:
+    """The printed graph, then each node's stream and synchronisations when streams were planned."""
+    lines = [str(g)]
+    syncs = [n for n in g.nodes if n.attrs.get("syncs")]
+    if syncs or any(n.attrs.get("stream") is not None for n in g.nodes):
+        lines.append("# streams and synchronisation")
+        for n in g.nodes:
+            if n.kind in ("call", "output"):
+                stream = n.attrs.get("stream")
+                lines.append(f"#   %{n.name}: stream {'default' if stream is None else repr(stream)}"
+                             + "".join(f"; {s}" for s in n.attrs.get("syncs", ())))
+    return "\n".join(lines) + "\n"
+
+
 _WRITERS = {
-    "txt": lambda g: str(g) + "\n",
+    "txt": graph_to_txt,
     "pbtxt": graph_to_pbtxt,
     "py": graph_to_py,
 }

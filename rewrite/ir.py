@@ -302,6 +302,7 @@ class Graph:
                 continue
             live.add(n.id)
             stack.extend(n.inputs)
+            stack.extend(n.attrs.get("wait_for", ()))  # a waited-for node stays: the wait is an edge
         before = len(self.nodes)
         # Placeholders always stay: the calling convention depends on them.
         self.nodes = [n for n in self.nodes if n.id in live or n.kind == "placeholder"]
@@ -351,6 +352,9 @@ class Graph:
             m = Node(n.kind, n.target, args, map_nodes(n.kwargs, remap), n.meta, dict(n.attrs), name=n.name)
             mapping[n.id] = m
             g.add(m)
+        for m in g.nodes:  # stream waits (rewrite.scope) point at nodes of the copy
+            if m.attrs.get("wait_for"):
+                m.attrs["wait_for"] = [mapping.get(w.id, w) for w in m.attrs["wait_for"]]
         return g, mapping
 
     def validate(self) -> None:

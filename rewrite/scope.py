@@ -30,8 +30,7 @@ from .ir import Graph, Node
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["stream_switch", "wait_tensor", "annotate_streams", "has_stream_scopes", "check_waits_acyclic",
-           "StreamScopeError"]
+__all__ = ["stream_switch", "wait_tensor", "annotate_streams", "has_stream_scopes", "StreamScopeError"]
 
 
 class StreamScopeError(CompileError):
@@ -85,8 +84,9 @@ for _op in MARKERS:
 class stream_switch:  # noqa: N801 - a context manager used like a function, as in TorchAir
     """``with stream_switch(tag, priority):`` ops issued inside run on the stream named ``tag``.
 
-    The same tag means the same stream. ``stream_priority``: a higher value asks the scheduler to
-    favour this stream (CUDA stream priority; ignored by the CPU scheduler's threads).
+    The same tag means the same stream. ``stream_priority`` is the CUDA stream priority, as for
+    ``torch.cuda.Stream`` (lower is more urgent, clamped to the device's range); CPU worker
+    threads have no priority and ignore it.
     """
 
     def __init__(self, stream_tag: str, stream_priority: int = 0):
@@ -202,6 +202,8 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
 
 
 def _warn_unmatched(graph: Graph, waits: list[_PendingWait], report) -> None:
+    if graph.name.endswith("_backward"):
+        return  # AOTAutograd's partitioner copies side-effecting markers into the backward graph too
     for w in waits:
         if not w.matched:
             msg = (f"graph {graph.name}: wait_tensor({w.reads}, {w.dependency}) at {w.marker} has no effect: "
