@@ -1,0 +1,172 @@
+"""The e-graph optimizer: IR -> egglog -> saturate under limits -> DAG-aware extraction -> IR.
+
+``run_egraph(graph, rulesets, config, report)`` is the one entry point (the optimizer calls it once
+per round). Stages are timed in the report as ``egraph.load``, ``egraph.saturate`` and
+``egraph.extract``; rule firings are counted under the rule names, CSE under ``cse``. Whatever
+goes wrong inside, the input graph is returned unchanged and the reason is logged: the e-graph
+may only ever make a graph better, never wrong.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import egglog.bindings as eb
+
+from ..dsl import RuleSet
+from ..ir import Graph, is_side_effect, map_nodes
+from .compile import RuleCompiler
+from .cost import graph_cost
+from .extract import extract
+from .load import load_graph
+from .rebuild import rebuild
+from .saturate import Limits, SaturationResult, Saturator
+from .snapshot import Snapshot
+from .terms import PRELUDE, Tables
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["run_egraph", "Limits", "EGraphRun", "Engine", "engine_for", "compile_rulesets"]
+
+
+class Engine:
+    """An egglog EGraph with the prelude and the rulesets declared (declaring ~100 rules costs
+    ~0.5 s, so engines are cached per ruleset list and each graph runs between push and pop)."""
+
+    def __init__(self, rulesets: list[RuleSet]):
+        self.egraph = eb.EGraph()
+        self.tables = Tables()
+        self.egraph.run_program(*self.egraph.parse_program(PRELUDE))
+        compiler = RuleCompiler(self.tables)
+        self.schedule, bodies = [], []
+        for rs in rulesets:
+            if not rs.pattern_rules:
+                continue
+            name, cmds = compiler.compile_ruleset(rs)
+            self.schedule.append((name, rs.iterations))
+            bodies.extend(cmds)
+        for cmd in compiler.declarations + bodies:
+            self.egraph.run_program(*self.egraph.parse_program(cmd))
+        self.lock = threading.Lock()
+
+
+_engines: dict[tuple, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def engine_for(rulesets: list[RuleSet]) -> Engine:
+    key = tuple((id(rs), rs.name, len(rs.rules)) for rs in rulesets)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            if len(_engines) >= 4:
+                _engines.pop(next(iter(_engines)))
+            engine = _engines[key] = Engine(rulesets)
+        return engine
+
+
+class EGraphRun:
+    """One graph in an engine's e-graph, between ``(push)`` and ``(pop)``."""
+
+    def __init__(self, graph: Graph, engine: Engine, limits: Limits):
+        self.graph = graph
+        self.engine = engine
+        self.limits = limits
+        self.egraph = engine.egraph
+        self.tables = Tables()
+        self.tables.atoms = dict(engine.tables.atoms)
+        self.schedule = engine.schedule
+        self.loaded = None
+        self.result: SaturationResult | None = None
+        self.snapshot: Snapshot | None = None
+
+    def load(self):
+        self.loaded = load_graph(self.egraph, self.tables, self.graph)
+        return self.loaded
+
+    def saturate(self) -> SaturationResult:
+        self.result = Saturator(self.egraph, self.tables, self.limits, self.graph.symbols).run(self.schedule)
+        return self.result
+
+    def extract(self) -> Graph:
+        snap = self.snapshot = Snapshot(self.egraph)
+        loaded = self.loaded
+        roots = [snap.node_table[k] for k in range(len(loaded.nodes))
+                 if loaded.nodes[k].kind == "placeholder" or is_side_effect(loaded.nodes[k])]
+        out_ids = set()
+        map_nodes(self.graph.outputs, lambda n: out_ids.add(n.id) or n)
+        roots += [snap.node_table[loaded.index[i]] for i in out_ids if i in loaded.index]
+        choice = extract(snap, self.tables, roots)
+        return rebuild(snap, self.tables, choice, loaded, self.graph)
+
+
+def compile_rulesets(rulesets: list[RuleSet]) -> list[str]:
+    """The egglog text of the rulesets (for tests and ``python -m rewrite rules --egglog``)."""
+    compiler = RuleCompiler(Tables())
+    out = []
+    for rs in rulesets:
+        if rs.pattern_rules:
+            out.extend(compiler.compile_ruleset(rs)[1])
+    return compiler.declarations + out
+
+
+def run_egraph(graph: Graph, rulesets: list[RuleSet], limits: Limits, report) -> tuple[Graph, bool]:
+    """Optimize ``graph`` with ``rulesets`` in an e-graph.
+
+    Returns (graph, changed): the input graph itself on any failure or when the result is not
+    cheaper; ``changed`` says whether a rule fired or CSE merged something.
+    """
+    with report.stage("egraph.load"):
+        engine = engine_for(rulesets)
+    with engine.lock:
+        engine.egraph.run_program(*engine.egraph.parse_program("(push)"))
+        try:
+            return _run(graph, EGraphRun(graph, engine, limits), report)
+        finally:
+            engine.egraph.run_program(*engine.egraph.parse_program("(pop)"))
+
+
+def _run(graph: Graph, run: EGraphRun, report) -> tuple[Graph, bool]:
+    try:
+        with report.stage("egraph.load"):
+            loaded = run.load()
+        report.count("cse", loaded.cse)
+        with report.stage("egraph.saturate"):
+            result = run.saturate()
+        for rule_name, n in result.fired.items():
+            report.count(rule_name, n)
+        if result.stopped_by:
+            report.notes.append(f"e-graph: saturation stopped by the {result.stopped_by}; best graph so far kept")
+        with report.stage("egraph.extract"):
+            new = run.extract()
+        _check_same_interface(graph, new)
+    except Exception as e:  # noqa: BLE001 - the optimizer must never break a graph
+        log.warning("e-graph optimization of %s failed (%s: %s); keeping the graph as it was",
+                    graph.name, type(e).__name__, e)
+        log.debug("e-graph failure", exc_info=True)
+        report.notes.append(f"e-graph skipped: {type(e).__name__}: {e}")
+        return graph, False
+    changed = bool(loaded.cse or result.fired)
+    if not changed:
+        return graph, False
+    before, after = graph_cost(graph), graph_cost(new)
+    if after > before * (1 + 1e-9) + 1e-9:
+        log.info("e-graph result of %s costs more (%.1f > %.1f); keeping the input", graph.name, after, before)
+        return graph, False
+    return new, True
+
+
+def _check_same_interface(old: Graph, new: Graph) -> None:
+    """Same placeholders (names, order, metas) and output metas, or raise."""
+    op, np_ = old.placeholders, new.placeholders
+    if [p.name for p in op] != [p.name for p in np_]:
+        raise RuntimeError("rebuilt graph changed the placeholders")
+    olds, news = [], []
+    map_nodes(old.outputs, lambda n: olds.append(n) or n)
+    map_nodes(new.outputs, lambda n: news.append(n) or n)
+    if len(olds) != len(news):
+        # an output became a Python value (a size folded to a literal) only for SymMeta outputs
+        raise RuntimeError("rebuilt graph changed the output structure")
+    for a, b in zip(olds, news):
+        if str(a.meta) != str(b.meta):
+            raise RuntimeError(f"output {a.name}: meta {a.meta} became {b.meta}")

@@ -1,0 +1,144 @@
+"""Rules with computed replacements, applied by a small Python matcher on the IR.
+
+A computed rule (``rule(lhs, fn, when=...)``) cannot run inside egglog: its right side is Python.
+It runs between saturation rounds: for each node matching ``lhs`` (all matched ops on one stream)
+whose conditions hold, ``fn(**binding)`` is called with constants as their values and other nodes
+as their metas (``TensorMeta``/``SymMeta``). ``fn`` returns None (no rewrite), a tensor or
+Python scalar (becomes a constant), or a pattern over the rule's variables (built as new nodes on
+the matched node's stream). A replacement is used only if its meta equals the matched node's.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..dsl import Lit, OpPattern, Pattern, Rule, RuleSet, Var, canonical_call
+from ..ir import Graph, Node, map_nodes, meta_of_value
+from ..rules.folding import waited_on
+from .load import must_pin
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["apply_computed_rules", "match_node"]
+
+
+def match_node(p, value, binding: dict, stream) -> bool:
+    """Match pattern ``p`` against an IR value (Node or Python value), extending ``binding``."""
+    if isinstance(p, Var):
+        if p.name in binding:
+            old = binding[p.name]
+            return old is value if isinstance(old, Node) or isinstance(value, Node) else (
+                type(old) is type(value) and old == value)
+        binding[p.name] = value
+        return True
+    if isinstance(p, OpPattern):
+        if not isinstance(value, Node) or value.kind != "call" or value.target is not p.target:
+            return False
+        if value.attrs.get("stream") != stream or must_pin(value):
+            return False
+        try:
+            args, kwargs = canonical_call(value.target, value.args, value.kwargs)
+        except ValueError:
+            return False
+        if len(args) != len(p.args) or set(kwargs) != set(p.kwargs):
+            return False
+        return (all(match_node(a, v, binding, stream) for a, v in zip(p.args, args))
+                and all(match_node(a, kwargs[k], binding, stream) for k, a in p.kwargs.items()))
+    if isinstance(p, Lit):
+        return match_node(p.value, value, binding, stream)
+    if isinstance(p, (list, tuple)):
+        return (isinstance(value, (list, tuple)) and len(value) == len(p)
+                and all(match_node(a, v, binding, stream) for a, v in zip(p, value)))
+    if isinstance(value, Node):
+        return False
+    return type(p) is type(value) and p == value
+
+
+def _concrete(v):
+    """What conditions and computed replacements see: constant values, otherwise metas."""
+    if isinstance(v, Node):
+        return v.value if v.kind == "constant" else v.meta
+    if isinstance(v, (list, tuple)):
+        return type(v)(_concrete(x) for x in v)
+    return v
+
+
+def _build(p, binding: dict, graph: Graph, before: Node, stream):
+    """Materialize a replacement pattern as IR nodes (inserted before ``before``)."""
+    if isinstance(p, Var):
+        return binding[p.name]
+    if isinstance(p, Lit):
+        return _build(p.value, binding, graph, before, stream)
+    if isinstance(p, OpPattern):
+        from .saturate import infer_meta
+
+        args = [_build(a, binding, graph, before, stream) for a in p.args]
+        kwargs = {k: _build(a, binding, graph, before, stream) for k, a in p.kwargs.items()}
+        meta_of = lambda n: n.meta  # noqa: E731
+        meta = infer_meta(p.target, map_nodes(args, meta_of), map_nodes(kwargs, meta_of), graph.symbols)
+        attrs = {} if stream is None else {"stream": stream}
+        return graph.call(p.target, args, kwargs, meta=meta, attrs=attrs, before=before)
+    if isinstance(p, list):
+        return [_build(a, binding, graph, before, stream) for a in p]
+    if isinstance(p, tuple):
+        return tuple(_build(a, binding, graph, before, stream) for a in p)
+    return p
+
+
+def apply_computed_rules(graph: Graph, rulesets: list[RuleSet]) -> dict[str, int]:
+    """One pass of every computed rule over the graph; returns rule name -> times applied."""
+    rules: dict[object, list[Rule]] = {}
+    for rs in rulesets:
+        for r in rs.computed_rules:
+            rules.setdefault(r.lhs.target, []).append(r)
+    fired: dict[str, int] = {}
+    if not rules:
+        return fired
+    waited = waited_on(graph)
+    for node in list(graph.nodes):
+        if node.kind != "call" or node.id in waited or node.target not in rules or node.graph is not graph:
+            continue
+        for r in rules[node.target]:
+            binding: dict = {}
+            stream = node.attrs.get("stream")
+            if not match_node(r.lhs, node, binding, stream):
+                continue
+            concrete = {k: _concrete(v) for k, v in binding.items()}
+            try:
+                if not r.conditions_hold(concrete):
+                    continue
+                result = r.rhs(**concrete)
+            except Exception as e:  # noqa: BLE001 - a failing rule is skipped, not fatal
+                log.debug("computed rule %s failed on %s: %s", r.name, node.name, e)
+                continue
+            new = _replacement(result, binding, graph, node, stream)
+            if new is None:
+                continue
+            graph.replace_all_uses(node, new)
+            fired[r.name] = fired.get(r.name, 0) + 1
+            break
+    if fired:
+        graph.prune()
+    return fired
+
+
+def _replacement(result, binding, graph: Graph, node: Node, stream):
+    if result is None:
+        return None
+    if isinstance(result, Pattern):
+        try:
+            new = _build(result, binding, graph, node, stream)
+        except Exception as e:  # noqa: BLE001
+            log.debug("computed replacement for %s could not be built: %s", node.name, e)
+            return None
+        ok = isinstance(new, Node) and str(new.meta) == str(node.meta)
+        if not ok:
+            graph.prune()
+        return new if ok else None
+    if isinstance(result, torch.Tensor) or isinstance(result, (int, float, bool)):
+        meta = meta_of_value(result)
+        if str(meta) != str(node.meta):
+            return None
+        return graph.constant(result, meta, before=node)
+    return None

@@ -1,0 +1,171 @@
+"""Chosen e-nodes -> a new IR Graph with the input's placeholders (order, names) and output structure.
+
+Nodes are built by an explicit-stack post-order walk (no recursion, so a 10,000-deep chain is
+fine). A rebuilt node that computes the same op on the same stream as an original node of its
+e-class takes that node's name and attrs, so dumps and module paths stay readable. Pinned nodes are
+re-created from their original node with their arguments remapped. Emission order: the
+nondeterministic pinned nodes in their original order (the random stream is consumed as in
+eager), then everything the outputs need, then side effects in their original order (functional
+graphs mutate inputs only at their tail, after every read).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..dsl import target_name
+from ..ir import Graph, Node, map_nodes
+from .decode import VALUE_OPS, Decoder, split_args, strip_defaults, target_of
+from .load import Loaded, is_nondeterministic
+from .snapshot import ENode, Snapshot
+from .terms import Tables
+
+
+class Rebuilder:
+    def __init__(self, snap: Snapshot, tables: Tables, choice: dict[str, ENode], loaded: Loaded, source: Graph):
+        self.snap = snap
+        self.tables = tables
+        self.choice = choice
+        self.loaded = loaded
+        self.source = source
+        self.dec = Decoder(snap, tables)
+        self.graph = Graph(source.name)
+        self.graph.symbols = dict(source.symbols)
+        self.values: dict[str, object] = {}       # e-class -> built value (Node or Python value)
+        self.originals: dict[str, list[Node]] = {}
+        for k, cls in snap.node_table.items():
+            self.originals.setdefault(cls, []).append(loaded.nodes[k])
+        self.placeholders = []
+        for p in source.placeholders:
+            q = Node("placeholder", meta=p.meta, attrs=dict(p.attrs), name=p.name)
+            self.placeholders.append(self.graph.add(q))
+        self.body: list[Node] = []
+        self._names = {p.name for p in source.placeholders}
+
+    def class_of(self, node: Node) -> str:
+        return self.snap.node_table[self.loaded.index[node.id]]
+
+    # -- walking ------------------------------------------------------------------------------
+    def deps(self, cls: str) -> list[str]:
+        node = self.choice[cls]
+        if node.op == "Call":
+            return self.dec.call_parts(node)[1]
+        if node.op in ("Lst", "Tup", "Pinned"):
+            return self.dec.list_items(node.children[-1])
+        return []
+
+    def build(self, root: str):
+        stack = [root]
+        while stack:
+            cls = stack[-1]
+            if cls in self.values:
+                stack.pop()
+                continue
+            missing = [d for d in self.deps(cls) if d not in self.values]
+            if missing:
+                stack.extend(reversed(missing))
+                continue
+            stack.pop()
+            self.values[cls] = self.make(cls)
+        return self.values[root]
+
+    # -- making one value ---------------------------------------------------------------------
+    def make(self, cls: str):
+        node = self.choice[cls]
+        op = node.op
+        if op == "Input":
+            return self.placeholders[int(self.snap.string(node.children[0]))]
+        if op == "Const":
+            value = self.tables.constants[int(self.snap.string(node.children[0]))]
+            orig = next((o for o in self.originals.get(cls, ()) if o.kind == "constant"), None)
+            attrs = dict(orig.attrs) if orig is not None else {}
+            attrs["value"] = value
+            return self.emit(Node("constant", meta=self.meta(cls, orig), attrs=attrs,
+                                  name=orig.name if orig is not None else None))
+        if op in VALUE_OPS:
+            return self.dec.literal(node, lambda c: self.values[c])
+        if op == "Pinned":
+            return self.make_pinned(cls, node)
+        if op == "Call":
+            return self.make_call(cls, node)
+        raise ValueError(f"cannot rebuild e-node {op}")
+
+    def meta(self, cls: str, orig: Node | None):
+        m = self.dec.meta(cls)
+        return m if m is not None else (orig.meta if orig is not None else None)
+
+    def make_call(self, cls: str, node: ENode) -> Node:
+        op_name, arg_classes, stream = self.dec.call_parts(node)
+        target = target_of(op_name)
+        args, kwargs = split_args(target, [self.values[c] for c in arg_classes])
+        args, kwargs = strip_defaults(target, args, kwargs)
+        tag = self.tables.streams.get(stream) if stream else None
+        orig = next((o for o in self.originals.get(cls, ())
+                     if o.kind == "call" and target_name(o.target) == op_name
+                     and o.attrs.get("stream") == tag), None)
+        attrs = dict(orig.attrs) if orig is not None else ({} if tag is None else {"stream": tag})
+        attrs.pop("wait_for", None)
+        new = Node("call", target, args, kwargs, self.meta(cls, orig), attrs,
+                   name=orig.name if orig is not None else None)
+        return self.emit(new)
+
+    def make_pinned(self, cls: str, node: ENode) -> Node:
+        k = int(self.snap.string(node.children[0]))
+        orig = self.loaded.nodes[k]
+        deps = list(orig.inputs) + [w for w in orig.attrs.get("wait_for", ()) if isinstance(w, Node)]
+        built = {d.id: self.values[c] for d, c in zip(deps, self.deps(cls))}
+        remap = lambda n: built[n.id]  # noqa: E731
+        attrs = dict(orig.attrs)
+        if "wait_for" in attrs:
+            attrs["wait_for"] = [built[w.id] for w in attrs["wait_for"]
+                                 if isinstance(w, Node) and isinstance(built.get(w.id), Node)]
+        new = Node("call", orig.target, map_nodes(orig.args, remap), map_nodes(orig.kwargs, remap),
+                   orig.meta, attrs, name=orig.name)
+        return self.emit(new)
+
+    def emit(self, node: Node) -> Node:
+        if node.name in self._names:
+            node.name = f"{node.name}_{node.id}"
+        self._names.add(node.name)
+        self.graph.add(node)
+        return node
+
+    # -- the whole graph ----------------------------------------------------------------------
+    def run(self) -> Graph:
+        pinned = [self.loaded.nodes[k] for k in self.loaded.pinned]
+        side = {self.loaded.nodes[k].id for k in self.loaded.side_effects}
+        random = [n for n in pinned if is_nondeterministic(n) and n.id not in side]
+        live = self.live_classes([self.class_of(n) for n in self.output_nodes()]
+                                 + [self.class_of(n) for n in pinned if n.id in side])
+        for n in random:
+            if self.class_of(n) in live:
+                self.build(self.class_of(n))
+        outputs = map_nodes(self.source.outputs, lambda n: self.build(self.class_of(n)))
+        for n in pinned:
+            if n.id in side:
+                self.build(self.class_of(n))
+        self.graph.set_output(outputs)
+        self.graph.validate()
+        return self.graph
+
+    def output_nodes(self) -> list[Node]:
+        out = []
+        map_nodes(self.source.outputs, lambda n: out.append(n) or n)
+        return out
+
+    def live_classes(self, roots: list[str]) -> set[str]:
+        live: set[str] = set()
+        stack = list(roots)
+        while stack:
+            cls = stack.pop()
+            if cls in live:
+                continue
+            live.add(cls)
+            stack.extend(self.deps(cls))
+        return live
+
+
+def rebuild(snap, tables, choice, loaded, source: Graph) -> Graph:
+    return Rebuilder(snap, tables, choice, loaded, source).run()
+
+
+__all__ = ["rebuild", "Rebuilder", "torch"]

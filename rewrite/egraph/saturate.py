@@ -1,0 +1,196 @@
+"""Running rulesets under node, time and iteration limits, interleaved with meta inference.
+
+One round: every ruleset in schedule order, each for up to its ``iterations`` (one egglog
+iteration at a time, so limits are checked between iterations); then the metas of e-classes that
+rules created are inferred in Python and the ``accept`` ruleset unions each replacement whose
+meta equals the matched expression's. Rounds repeat until nothing changes or a limit is hit;
+hitting a limit keeps the e-graph as it is (every e-class still holds its original term, so
+extraction always has a valid graph) and says so in the log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from .decode import VALUE_OPS, Decoder, literal_meta, split_args, target_of
+from .load import meta_commands
+from .snapshot import Snapshot
+from .terms import Tables
+
+log = logging.getLogger("rewrite")
+
+
+@dataclasses.dataclass
+class Limits:
+    node_limit: int = 200_000
+    time_limit_s: float = 10.0
+    iteration_limit: int = 30
+
+
+@dataclasses.dataclass
+class SaturationResult:
+    fired: dict                      # rule name -> matches applied
+    rounds: int = 0
+    stopped_by: str | None = None    # "node limit", "time limit", "iteration limit" or None (saturated)
+    metas_inferred: int = 0
+    rejected: int = 0                # replacements whose meta differed from the matched expression
+
+
+def _run(egraph, text: str):
+    return egraph.run_program(*egraph.parse_program(text))
+
+
+def egraph_size(egraph) -> int:
+    out = _run(egraph, "(print-size)")
+    total = 0
+    for item in out:
+        sizes = getattr(item, "sizes", None)
+        if sizes is not None:
+            total += sum(n for _, n in sizes)
+    return total
+
+
+def _pending_size(egraph) -> int:
+    out = _run(egraph, "(print-size Pending)")
+    for item in out:
+        size = getattr(item, "size", None)
+        if size is not None:
+            return size
+    return 0
+
+
+class Saturator:
+    def __init__(self, egraph, tables: Tables, limits: Limits, symbols=None):
+        self.egraph = egraph
+        self.tables = tables
+        self.limits = limits
+        self.symbols = symbols
+        self._pending_seen = 0
+        self._failed_classes: set[str] = set()
+
+    def run(self, schedule: list[tuple[str, int]]) -> SaturationResult:
+        result = SaturationResult({})
+        if not schedule:
+            return result
+        start = time.perf_counter()
+        for round_no in range(self.limits.iteration_limit):
+            result.rounds = round_no + 1
+            changed = False
+            for name, iterations in schedule:
+                for _ in range(iterations):
+                    reason = self._limit_hit(start)
+                    if reason:
+                        result.stopped_by = reason
+                        log.warning("e-graph saturation stopped by the %s after %d round(s); "
+                                    "keeping the best graph found so far", reason, result.rounds)
+                        return result
+                    report = _run(self.egraph, f"(run-schedule (run {name}))")[-1].report
+                    for rule, n in report.num_matches_per_rule.items():
+                        if n:
+                            short = rule.split("/", 1)[-1]
+                            result.fired[short] = result.fired.get(short, 0) + n
+                    if not report.updated:
+                        break
+                    changed = True
+            accepted = self._accept_pending(result)
+            if not changed and not accepted:
+                return result
+        result.stopped_by = "iteration limit"
+        log.warning("e-graph saturation stopped by the iteration limit (%d rounds); keeping the best graph so far",
+                    self.limits.iteration_limit)
+        return result
+
+    def _limit_hit(self, start: float) -> str | None:
+        if time.perf_counter() - start > self.limits.time_limit_s:
+            return "time limit"
+        if egraph_size(self.egraph) > self.limits.node_limit:
+            return "node limit"
+        return None
+
+    # -- metas of new e-classes -------------------------------------------------------------
+    def _accept_pending(self, result: SaturationResult) -> bool:
+        """Infer metas of new replacement terms, then union those whose meta matches."""
+        size = _pending_size(self.egraph)
+        if size == self._pending_seen:
+            return False
+        self._pending_seen = size
+        snap = Snapshot(self.egraph)
+        dec = Decoder(snap, self.tables)
+        cmds: list[str] = []
+        memo: dict[str, object] = {}
+        for matched, replacements in snap.pending().items():
+            for cls in replacements:
+                if snap.meta_key(cls) is None and cls not in self._failed_classes:
+                    meta = self._infer(cls, snap, dec, memo, cmds)
+                    if meta is None:
+                        self._failed_classes.add(cls)
+        for c in cmds:
+            _run(self.egraph, c)
+        result.metas_inferred += sum(1 for c in cmds if c.startswith("(set (meta"))
+        before = egraph_size(self.egraph)
+        report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report
+        n = sum(report.num_matches_per_rule.values())
+        return bool(n) or egraph_size(self.egraph) != before
+
+    def _infer(self, cls: str, snap: Snapshot, dec: Decoder, memo: dict, cmds: list[str], depth: int = 0):
+        """Meta of e-class ``cls`` (inferring its arguments' metas first); None if unknown."""
+        if cls in memo:
+            return memo[cls]
+        known = dec.meta(cls)
+        if known is not None:
+            return known
+        memo[cls] = None  # guards against cycles
+        if depth > 50:
+            return None
+        meta = None
+        for node in snap.classes.get(cls, []):
+            if node.op == "Call":
+                meta = self._infer_call(node, snap, dec, memo, cmds, depth)
+            else:
+                meta = literal_meta(node, snap)
+            if meta is not None:
+                break
+        memo[cls] = meta
+        if meta is not None:
+            try:
+                cmds.extend(meta_commands(self.tables, dec.handle(cls), meta))
+            except RecursionError:
+                return None
+        return meta
+
+    def _infer_call(self, node, snap, dec: Decoder, memo, cmds, depth):
+        op_name, arg_classes, _stream = dec.call_parts(node)
+        try:
+            target = target_of(op_name)
+        except ValueError:
+            return None
+
+        def value_of(c):
+            for n in snap.classes.get(c, []):
+                if n.op in VALUE_OPS:
+                    return dec.literal(n, value_of)
+            m = self._infer(c, snap, dec, memo, cmds, depth + 1)
+            if m is None:
+                raise LookupError(c)
+            return m
+
+        try:
+            values = [value_of(c) for c in arg_classes]
+        except (LookupError, KeyError, ValueError):
+            return None
+        args, kwargs = split_args(target, values)
+        try:
+            return infer_meta(target, args, kwargs, self.symbols)
+        except Exception as e:  # an op whose shape we cannot infer is simply not rewritten
+            log.debug("e-graph: no meta for a new %s term: %s", op_name, e)
+            return None
+
+
+def infer_meta(target, args, kwargs, symbols):
+    """The meta of a new term: the shape engine's `infer_meta`."""
+    try:
+        from ..shape import infer_meta as shape_infer
+    except ImportError:
+        from ..shape.infer import infer_meta as shape_infer
+    return shape_infer(target, args, kwargs, symbols)

@@ -1,0 +1,186 @@
+"""The term language the IR becomes inside egglog, and the tables that map Python values to terms.
+
+One sort ``Term`` covers everything an argument can be, so a pattern variable matches a tensor, a
+size or a list alike::
+
+    (Call "aten.mul.Tensor" (Cons a (Cons b (Nil))) "s")   an op: name, canonical args, stream tag
+    (Input 3)  (Const 7)                                   graph input #3, constant #7 (by content)
+    (Int 2)  (Flt "0.5")  (Atom "dtype:float32")           literals (floats by repr: -0.0 != 0.0)
+    (Lst ...)  (Tup ...)                                   Python lists / tuples of terms
+    (Opaque 4)                                             a value egglog cannot see (a subgraph)
+    (Pinned 12 (Cons ... ))                                a node rules must not touch (side effect,
+                                                           nondeterministic, waits on another node);
+                                                           its id keeps it unique, its list keeps
+                                                           its inputs alive
+
+Analyses keyed by e-class (set from Python, so conditions are checked inside the e-graph):
+``meta`` (the full TensorMeta/SymMeta, as a key into `Tables.metas`), ``dtype``, ``shape`` (the
+canonical sympy shape string), ``sizes`` (a list argument read as a shape), ``splat`` (a constant
+whose elements all equal one number). ``node`` names the e-class of IR node #k; ``Pending`` holds
+(matched, replacement) pairs that are unioned once their metas are known and equal.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..dsl import dtype_str, shape_key
+from ..ir import Graph, SymMeta, TensorMeta
+
+PRELUDE = """
+(sort Term)
+(sort TList)
+(constructor Nil () TList)
+(constructor Cons (Term TList) TList)
+(constructor Call (String TList String) Term)
+(constructor Input (i64) Term)
+(constructor Const (i64) Term)
+(constructor Int (i64) Term)
+(constructor Flt (String) Term)
+(constructor Atom (String) Term)
+(constructor Lst (TList) Term)
+(constructor Tup (TList) Term)
+(constructor Opaque (i64) Term)
+(constructor Pinned (i64 TList) Term)
+(function node (i64) Term :no-merge)
+(function meta (Term) String :merge old)
+(function dtype (Term) String :merge old)
+(function shape (Term) String :merge old)
+(function rank (Term) i64 :merge old)
+(function sizes (Term) String :merge old)
+(function splat (Term) String :merge old)
+(relation Pending (Term Term))
+(ruleset accept)
+(rule ((Pending a b) (= (meta a) (meta b))) ((union a b)) :ruleset accept :name "accept")
+"""
+
+# Functions of the prelude that are analyses, not term constructors (extraction ignores them).
+ANALYSES = frozenset({"node", "meta", "dtype", "shape", "rank", "sizes", "splat", "Pending"})
+
+_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-[](),+*/ @#<>=")
+
+
+class Unencodable(Exception):
+    """A value has no term form (the node becomes pinned)."""
+
+
+class Tables:
+    """Python objects behind the integer / string keys used in terms."""
+
+    def __init__(self):
+        self.atoms: dict[str, object] = {}          # atom string -> Python value
+        self.opaque: list[object] = []              # Opaque index -> object
+        self._opaque_ids: dict[int, int] = {}
+        self.metas: dict[str, object] = {}          # meta key -> TensorMeta / SymMeta / tuple
+        self.constants: list[object] = []           # Const index -> value (tensor or scalar)
+        self.streams: dict[str, object] = {}        # stream string -> original tag
+
+    # -- strings that must be safe inside egglog string literals ------------------------------
+    def safe_string(self, text: str, table: dict, value) -> str:
+        if all(ch in _SAFE for ch in text) and len(text) < 200:
+            key = text
+        else:
+            key = f"#{len(table)}"
+            while key in table and table[key] is not value:
+                key += "_"
+        table.setdefault(key, value)
+        return key
+
+    def atom(self, value) -> str:
+        if value is None:
+            text = "None"
+        elif isinstance(value, bool):
+            text = f"bool:{value}"
+        elif isinstance(value, torch.dtype):
+            text = f"dtype:{dtype_str(value)}"
+        elif isinstance(value, torch.device):
+            text = f"device:{value}"
+        elif isinstance(value, (torch.layout, torch.memory_format)):
+            text = f"{type(value).__name__}:{value}"
+        elif isinstance(value, str):
+            text = f"str:{value}"
+        elif isinstance(value, int):
+            text = f"bigint:{value}"
+        else:
+            raise Unencodable(type(value).__name__)
+        key = self.safe_string(text, self.atoms, value)
+        return f'(Atom "{key}")'
+
+    def stream(self, tag) -> str:
+        if tag is None:
+            return ""
+        return self.safe_string(f"s:{tag}", self.streams, tag)
+
+    def opaque_term(self, value) -> str:
+        idx = self._opaque_ids.get(id(value))
+        if idx is None:
+            idx = len(self.opaque)
+            self.opaque.append(value)
+            self._opaque_ids[id(value)] = idx
+        return f"(Opaque {idx})"
+
+    def meta_key(self, meta) -> str | None:
+        """Canonical string of a meta (registered so it can be read back); None if no meta."""
+        if meta is None:
+            return None
+        text = _meta_text(meta)
+        if text is None:
+            return None
+        key = self.safe_string(text, self.metas, meta)
+        return key
+
+
+def _meta_text(meta) -> str | None:
+    if isinstance(meta, TensorMeta):
+        return f"T:{dtype_str(meta.dtype)}:{meta.device}:{shape_key(meta.shape)}"
+    if isinstance(meta, SymMeta):
+        return f"S:{meta.pytype.__name__}:{meta.expr}"
+    if isinstance(meta, (tuple, list)):
+        parts = [_meta_text(m) for m in meta]
+        if any(p is None for p in parts):
+            return None
+        return "(" + ";".join(parts) + ")"
+    return None
+
+
+def quote(text: str) -> str:
+    return f'"{text}"'
+
+
+def literal_term(value, tables: Tables, node_term) -> str:
+    """Term text of an argument value; ``node_term(node)`` gives the term of an IR node."""
+    from ..ir import Node
+
+    if isinstance(value, Node):
+        return node_term(value)
+    if isinstance(value, bool) or value is None:
+        return tables.atom(value)
+    if isinstance(value, int):
+        if -(2 ** 63) <= value < 2 ** 63:
+            return f"(Int {value})"
+        return tables.atom(value)
+    if isinstance(value, float):
+        return f'(Flt "{float_key(value)}")'
+    if isinstance(value, list):
+        return f"(Lst {list_term([literal_term(v, tables, node_term) for v in value])})"
+    if isinstance(value, tuple):
+        return f"(Tup {list_term([literal_term(v, tables, node_term) for v in value])})"
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, str)):
+        return tables.atom(value)
+    if isinstance(value, (Graph, torch.Tensor)) or callable(value):
+        return tables.opaque_term(value)
+    raise Unencodable(type(value).__name__)
+
+
+def float_key(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    return repr(float(value))
+
+
+def list_term(items: list[str]) -> str:
+    out = "(Nil)"
+    for item in reversed(items):
+        out = f"(Cons {item} {out})"
+    return out

@@ -1,0 +1,139 @@
+"""Constant folding: an op whose inputs are all known at compile time becomes a constant.
+
+GE's "constant folding + InferShape" (seed 003): folding runs with shape folding, alternating until
+nothing changes, so ``sym_size -> mul -> view`` chains on static shapes collapse to constants.
+Folding evaluates the op with torch itself, so the constant is bit-identical to what eager computes.
+Never folded: nondeterministic ops (rand, dropout, empty: their values are not reproducible),
+ops with mutable schemas, side effects, nodes that wait on others, and results over
+``size_limit`` elements (a folded 1 GB constant would cost more than it saves).
+"""
+from __future__ import annotations
+
+import logging
+
+import sympy
+import torch
+
+from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, map_nodes, meta_of_value
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["fold_constants", "can_fold", "fold_sizes", "waited_on"]
+
+
+def can_fold(node: Node) -> bool:
+    """Whether ``node`` may be evaluated at compile time (ignoring whether its inputs are known)."""
+    if node.kind != "call" or is_side_effect(node) or node.attrs.get("wait_for"):
+        return False
+    t = node.target
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        return False
+    if isinstance(t, torch._ops.OpOverload):
+        if t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags:
+            return False
+        name = t._schema.name
+        if "empty" in name or name.startswith("aten::_local_scalar") or t.namespace not in ("aten", "prims"):
+            return False
+    return not any(isinstance(a, Graph) for a in _flat(node.args))
+
+
+def _flat(obj):
+    if isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _flat(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _flat(x)
+    else:
+        yield obj
+
+
+def _result_fits(meta, size_limit: int) -> bool:
+    if isinstance(meta, SymMeta):
+        return True
+    if isinstance(meta, TensorMeta):
+        if not meta.is_static():
+            return False
+        n = 1
+        for s in meta.shape:
+            n *= int(s)
+        return n <= size_limit
+    return False
+
+
+def fold_constants(graph: Graph, size_limit: int) -> int:
+    """Evaluate foldable nodes with all-constant inputs; returns how many were folded."""
+    folded = 0
+    waited = waited_on(graph)
+    for node in list(graph.nodes):
+        if node.id in waited or not can_fold(node) or not _result_fits(node.meta, size_limit):
+            continue
+        inputs = node.inputs
+        if not all(i.kind == "constant" for i in inputs):
+            continue
+        value_of = {i.id: i.value for i in inputs}
+
+        def value(n):
+            return value_of[n.id]
+
+        try:
+            with torch.no_grad():
+                result = node.target(*map_nodes(node.args, value), **map_nodes(node.kwargs, value))
+        except Exception as e:  # a kernel that refuses these inputs is simply not folded
+            log.debug("folding %s (%s) failed: %s", node.name, node.op, e)
+            continue
+        if isinstance(result, torch.Tensor):
+            if not isinstance(node.meta, TensorMeta) or str(meta_of_value(result)) != str(node.meta):
+                continue
+            if any(result.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+                   for v in value_of.values() if isinstance(v, torch.Tensor) and v.numel()):
+                result = result.clone()  # a folded view must not alias another constant
+        elif isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            continue
+        elif not isinstance(result, (int, float, bool)):
+            continue
+        const = graph.constant(result, node.meta if isinstance(result, torch.Tensor) else meta_of_value(result),
+                               before=node)
+        graph.replace_all_uses(node, const)
+        graph.remove(node)
+        folded += 1
+    return folded
+
+
+def fold_sizes(graph: Graph) -> int:
+    """Size computations whose value is a constant expression become constants.
+
+    Uses the shape engine's ``fold_shape_computations`` when it exists; otherwise folds every
+    foldable node whose SymMeta is a number (``sym_size`` of a static dim, arithmetic on those).
+    """
+    try:
+        from ..shape import fold_shape_computations
+    except ImportError:
+        fold_shape_computations = None
+    if fold_shape_computations is not None:
+        return fold_shape_computations(graph)
+    folded = 0
+    waited = waited_on(graph)
+    for node in list(graph.nodes):
+        m = node.meta
+        if node.kind != "call" or node.id in waited or not isinstance(m, SymMeta) or not can_fold(node):
+            continue
+        expr = sympy.sympify(m.expr)
+        if not expr.is_number and expr not in (sympy.true, sympy.false):
+            continue
+        if m.pytype is bool:
+            value = bool(expr)
+        elif m.pytype is int:
+            value = int(expr)
+        else:
+            value = float(expr)
+        const = graph.constant(value, SymMeta(expr, m.pytype), before=node)
+        graph.replace_all_uses(node, const)
+        graph.remove(node)
+        folded += 1
+    return folded
+
+
+def waited_on(graph: Graph) -> set[int]:
+    """Ids of nodes another node waits for (they keep their identity: the wait names them)."""
+    return {w.id for n in graph.nodes for w in n.attrs.get("wait_for", ()) if isinstance(w, Node)}
