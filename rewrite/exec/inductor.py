@@ -1,33 +1,97 @@
-"""Kernel backend that hands a static graph to Inductor (``config.exec.kernels = "inductor"``)."""
+"""Kernel backend that hands a graph to Inductor (``config.exec.kernels = "inductor"``).
+
+Each static gear graph is compiled by Inductor on its own, with its exact sizes, so gear graphs
+can be compared fairly with Inductor compiling the symbolic graph (``dynamic=True``). The graph
+is lowered to FX, its inputs are turned into fake tensors of the graph's metas, and
+``compile_fx_inner`` (Inductor's entry point for an already-functionalized ATen graph, which is
+what the rewrite IR holds) compiles it under a fresh tracing context, so the Dynamo/AOT context of
+the model being compiled is not disturbed.
+
+A graph with size symbols is compiled dynamically: every symbol becomes a symbol of a fresh
+ShapeEnv (inputs sharing a symbol share it there too), and Inductor generates size-generic code.
+"""
 from __future__ import annotations
 
-import torch
+import logging
 
-from ..fx_bridge import to_fx
-from ..ir import Graph, TensorMeta
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+from ..fx_bridge import CompileError, to_fx
+from ..ir import Graph, SymMeta, TensorMeta
+
+log = logging.getLogger("rewrite")
 
 __all__ = ["compile_with_inductor"]
 
+# Size used as the example value of a size symbol when compiling a symbolic graph.
+_HINT = 8
 
-def _example(meta):
-    if isinstance(meta, TensorMeta):
-        return torch.empty([int(s) for s in meta.shape], dtype=meta.dtype, device=meta.device)
-    raise TypeError(f"inductor kernels need tensor inputs with static shapes, got {meta}")
+
+def _fake_inputs(graph: Graph, fake_mode: FakeTensorMode) -> list:
+    """Fake tensors / ints / SymInts for the graph's inputs, with the graph's (symbolic) sizes."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    ours: dict = {}  # our sympy symbol -> the ShapeEnv's SymInt for it
+    hints = {s: _HINT for s in graph.free_symbols()}
+    out: list = [None] * len(graph.placeholders)
+    # Tensors first: scalar inputs carrying a size reuse the SymInt of the tensor size they equal.
+    order = sorted(enumerate(graph.placeholders), key=lambda ip: not isinstance(ip[1].meta, TensorMeta))
+    for i, p in order:
+        meta = p.meta
+        if isinstance(meta, TensorMeta):
+            shape = [sympy.sympify(s) for s in meta.shape]
+            with unset_fake_temporarily():
+                real = torch.empty([int(s.subs(hints)) for s in shape], dtype=meta.dtype, device=meta.device)
+            if all(s.is_Integer for s in shape):
+                out[i] = fake_mode.from_tensor(real, static_shapes=True)
+                continue
+            dyn = [DimDynamic.STATIC if s.is_Integer else DimDynamic.DYNAMIC for s in shape]
+            ctx = StatelessSymbolicContext(dynamic_sizes=dyn, constraint_sizes=[None] * len(shape))
+            fake = fake_mode.from_tensor(real, source=ConstantSource(f"rewrite_input_{i}"), symbolic_context=ctx)
+            for s, size in zip(shape, fake.shape):
+                if isinstance(s, sympy.Symbol):
+                    if s in ours:  # the same size in two inputs: tell the ShapeEnv they are equal
+                        torch._check(size == ours[s])
+                    else:
+                        ours[s] = size
+                elif not s.is_Integer:
+                    raise CompileError(f"inductor kernels: input %{p.name} has size {s}; symbolic inputs need "
+                                       f"plain symbols or constants")
+            out[i] = fake
+        elif isinstance(meta, SymMeta):
+            expr = sympy.sympify(meta.expr)
+            if expr.free_symbols:
+                if expr not in ours:
+                    raise CompileError(f"inductor kernels: scalar input %{p.name} = {expr} is not a size of a "
+                                       f"tensor input")
+                out[i] = ours[expr]
+            else:
+                out[i] = meta.pytype(expr)
+        else:
+            raise CompileError(f"inductor kernels: input %{p.name} has no tensor or scalar meta ({meta})")
+    return out
 
 
 def compile_with_inductor(graph: Graph):
-    from torch._inductor.compile_fx import compile_fx_inner
+    """Compile ``graph`` with Inductor; returns ``f(*inputs) -> outputs``."""
+    from torch._guards import TracingContext, tracing
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     gm = to_fx(graph)
-    examples = [_example(p.meta) for p in graph.placeholders]
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch._guards import TracingContext, tracing
+    static = graph.is_static()
+    fake_mode = FakeTensorMode(shape_env=None if static else ShapeEnv(), allow_non_fake_inputs=True)
+    try:
+        with unset_fake_temporarily(), tracing(TracingContext(fake_mode)):
+            fake = _fake_inputs(graph, fake_mode)
+            compiled = compile_fx(gm, fake)
+    except CompileError:
+        raise
+    except Exception as e:
+        raise CompileError(f"inductor kernels: graph {graph.name} failed to compile: {type(e).__name__}: {e}") from e
 
-    fake_mode = FakeTensorMode()
-    with tracing(TracingContext(fake_mode)):
-        fake = [fake_mode.from_tensor(t) for t in examples]
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-        FakeTensorProp(gm, fake_mode).propagate(*fake)
-        compiled = compile_fx_inner(gm, fake)
-    return lambda *args: compiled(list(args))
+    compiled.__rewrite_inductor__ = True
+    return compiled

@@ -47,6 +47,7 @@ class GearDispatcher:
         self.pad_refusal = pad_refusal  # why padding is not allowed, for the error
         self._readers = [s.reader() for s in symbols]
         self._misses: dict = {}  # key -> callable that serves it (padded runs)
+        self._first_call = True
 
     @property
     def gears(self) -> list[tuple]:
@@ -56,6 +57,11 @@ class GearDispatcher:
         return tuple(read(args) for read in self._readers)
 
     def __call__(self, *args):
+        if self._first_call:  # Dynamo has built its guards by now: set_dim_gears' flag can go
+            from .spec import restore_size_oblivious
+
+            restore_size_oblivious()
+            self._first_call = False
         key = tuple(read(args) for read in self._readers)
         fn = self.table.get(key)
         if fn is None:

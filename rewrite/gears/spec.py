@@ -45,8 +45,8 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
     check). This turns on torch's ``torch.fx.experimental._config.backed_size_oblivious``, which
     gives dynamic sizes the range [0, oo) without the 0/1 specialization. Dynamo reads the flag
     while tracing, before any backend sees the graph, so it is set here and put back to its old
-    value as soon as the rewrite backend receives the traced graph carrying the gears
-    (`collect_gear_specs`). `mark_unbacked` would need no flag but fails on models that branch on
+    value when the geared graph first runs (Dynamo also reads it when it builds the guards, after
+    the backend returns). `mark_unbacked` would need no flag but fails on models that branch on
     a size (transformers' ``q_length > 1``), so it is not used.
     """
     if not isinstance(tensor, torch.Tensor):
@@ -101,7 +101,8 @@ def _allow_size_one() -> None:
     cfg.backed_size_oblivious = True
 
 
-def _restore_size_oblivious() -> None:
+def restore_size_oblivious() -> None:
+    """Put back the flag set_dim_gears turned on; called when a geared graph first runs."""
     if _saved_size_oblivious:
         torch.fx.experimental._config.backed_size_oblivious = _saved_size_oblivious.pop()
 
@@ -200,6 +201,5 @@ def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
               for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
     if not inputs:
         return None
-    _restore_size_oblivious()  # the geared trace is done (see set_dim_gears)
     policy = config.inference_config.dynamic_gears_merge_policy
     return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy)), policy)
