@@ -167,9 +167,9 @@ class _StreamEmitter:
         lines = [
             f"F = _Frame({self.num_events}, {len(side_names)}, _timeout, {plan.graph.name!r})",
             f"X = [None] * {len(self.slot)}",
+            f"_launch(F, X, {inputs})",
             "P = _share_threads()",
             "try:",
-            f"    _launch(F, X, {inputs})",
             "    try:",
             *[f"        {ln}" for ln in body],
             "    except BaseException as exc:",

@@ -30,8 +30,9 @@ _STOP = object()
 class _Worker:
     _ids = itertools.count()
 
-    def __init__(self, owner: "WorkerPool"):
+    def __init__(self, owner: "WorkerPool", default_threads: int):
         self.owner = owner
+        self.global_default = default_threads
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.intra_op_threads: int | None = None
         self.thread = threading.Thread(target=self._loop, name=f"rewrite-stream-{next(self._ids)}", daemon=True)
@@ -41,9 +42,8 @@ class _Worker:
         self.inbox.put((fn, args, on_done, intra_op_threads))
 
     def _loop(self) -> None:
-        # A fresh thread starts with torch's global default; remember it to put it back later.
-        self.global_default = torch.get_num_threads()
-        self.intra_op_threads = self.global_default
+        # Run torch's lazy per-thread init now: run later, it would overwrite our setting.
+        self.intra_op_threads = torch.get_num_threads()
         while True:
             task = self.inbox.get()
             if task is _STOP:
@@ -77,11 +77,15 @@ class WorkerPool:
         self._workers: list[_Worker] = []
 
     def lease(self, n: int) -> list:
-        """``n`` workers for the caller's exclusive use until each finishes its task."""
+        """``n`` workers for the caller's exclusive use until each finishes its task.
+
+        Called before the caller changes its own thread count: its count is torch's default,
+        which new workers put back after setting their own.
+        """
         with self._lock:
             got = [self._idle.pop() for _ in range(min(n, len(self._idle)))]
         while len(got) < n:
-            w = _Worker(self)
+            w = _Worker(self, torch.get_num_threads())
             with self._lock:
                 self._workers.append(w)
             log.debug("started stream worker %s (%d in pool)", w.thread.name, len(self._workers))
