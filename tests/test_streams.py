@@ -466,3 +466,62 @@ def test_cuda_stress_many_calls_on_side_streams():
         got, want = compiled(*xs), SeedModel()(*xs)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-1)
+
+
+def test_cuda_schedule_logic_with_recorded_stream_calls(monkeypatch):
+    """The CUDA executor's generated schedule, run on CPU tensors with streams and events that
+    only record what is asked of them: every cross-stream read waits for an event recorded on the
+    producer's stream after the producer, side streams wait for the caller's stream on entry,
+    cross-stream tensors are marked with record_stream, and the caller waits for every side stream."""
+    from rewrite.exec import stream_cuda
+
+    log = []
+
+    class FakeStream:
+        count = 0
+
+        def __init__(self, device=None, priority=0):
+            FakeStream.count += 1
+            self.name = f"S{FakeStream.count}"
+            self.priority = priority
+
+        def wait_event(self, ev):
+            log.append(("wait", self.name, ev.name))
+
+    class FakeEvent:
+        count = 0
+
+        def __init__(self):
+            FakeEvent.count += 1
+            self.name = f"E{FakeEvent.count}"
+
+        def record(self, stream):
+            log.append(("record", stream.name, self.name))
+
+    caller = FakeStream()
+    caller.name = "CUR"
+    current = [caller]
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: (current.__setitem__(0, s), log.append(("set", s.name))))
+    monkeypatch.setattr(stream_cuda, "_record_stream", lambda v, s: log.append(("record_stream", s.name)))
+
+    g, (a, b, c, d) = _two_stream_graph()
+    b.attrs["stream_priority"] = -1
+    plan = plan_streams(g)
+    fn = stream_cuda.compile_cuda_streams(plan, torch.device("cuda", 0))
+    x, w = torch.randn(32, 32), torch.randn(32, 32)
+    got = fn(x, w)
+    torch.testing.assert_close(got[0], x @ w + torch.relu(x) * 2)
+    # S2: the side stream "1" (S1 was the fake caller). Entry: side stream waits for the caller.
+    assert log[0][0] == "record" and log[0][1] == "CUR"
+    entry = log[0][2]
+    assert ("wait", "S2", entry) in log
+    # c (stream 1) is recorded after it is computed, and the default stream waits for it before d.
+    rec = next(i for i, e in enumerate(log) if e[0] == "record" and e[1] == "S2")
+    wait = next(i for i, e in enumerate(log) if e[0] == "wait" and e[1] == "CUR" and e[2] == log[rec][2])
+    assert rec < wait
+    assert ("record_stream", "CUR") in log  # c is read on the caller's stream
+    assert log[-1] == ("set", "CUR")  # the caller's stream is current again
+    assert current[0] is caller
