@@ -61,7 +61,30 @@ class _CaptureBackend(RewriteBackend):
         if not name.endswith("_inference"):
             raise ExportError(f"export expected one inference graph, got {name}; export runs under no_grad, so a "
                               "training graph means the model enables gradients itself")
-        self.graphs[-1].update(graph=graph, frozen=dict(frozen or {}), gear_spec=gear_spec)
+        self.graphs[-1].update(graph=graph, frozen=dict(frozen or {}), gear_spec=_traceable_gears(graph, gear_spec))
+
+
+def _traceable_gears(graph: Graph, spec):
+    """The gears this trace can serve: those that contradict none of Dynamo's shape guards.
+
+    The backend drops the other gears while compiling (Dynamo would trace them separately); a
+    loaded export has no Dynamo to do that, so they are left out of the file.
+    """
+    if spec is None:
+        return None
+    from ..gears.compile import _shape_facts, _violated
+
+    facts = _shape_facts()
+    placeholders = graph.placeholders
+    kept = []
+    for gear in spec.gears:
+        values = {placeholders[i].meta.shape[d]: v for (i, d), v in gear.items()}
+        why = _violated(values, facts, graph.symbols)
+        if why:
+            log.warning("export: gear %s left out of the export: %s", gear, why)
+        else:
+            kept.append(gear)
+    return dataclasses.replace(spec, gears=tuple(kept))
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: bool, config: CompilerConfig) -> Captured:
@@ -90,10 +113,11 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: bool, co
     if not backend.graphs:
         raise ExportError("Dynamo did not call the export backend (the model's code was already compiled and "
                           "cached); call torch._dynamo.reset() and export again")
-    if len(backend.graphs) != 1 or "graph" not in backend.graphs[0]:
-        raise ExportError(f"the model traced into {len(backend.graphs)} graphs; export needs exactly one")
-    entry = backend.graphs[0]
-    if "graph_outputs" not in entry:
-        raise ExportError("the compiled graph was not run on the example inputs; cannot match its outputs")
+    # Dynamo may restart its analysis after a first compile (e.g. when AOTAutograd specializes a
+    # size); only graphs that were actually run on the example inputs count.
+    ran = [entry for entry in backend.graphs if "graph_outputs" in entry]
+    if len(ran) != 1 or "graph" not in ran[0]:
+        raise ExportError(f"the model ran as {len(ran)} compiled graphs; export needs exactly one")
+    entry = ran[0]
     return Captured(entry["graph"], entry["example_inputs"], entry["sources"], entry["frozen"],
                     entry["gear_spec"], entry["graph_outputs"], result)

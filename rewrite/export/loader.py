@@ -95,7 +95,8 @@ class ExportedModel:
         if gears:
             from .. import gears as rgears
 
-            return rgears.compile_dynamic(self.graph, gears, self.config, self.report, build_static, 0)
+            spec = decode_gears(gears, self.graph)
+            return rgears.compile_dynamic(self.graph, spec, self.config, self.report, build_static, 0)
         return build_static(self.graph)
 
     def _input_checks(self):
@@ -171,6 +172,24 @@ class ExportedModel:
         p = self.program
         return (f"ExportedModel({p.get('name')!r}, {self.graph.num_ops()} ops, {len(p.get('weights', {}))} weights, "
                 f"dynamic={p.get('dynamic')}, rank={p.get('rank')})")
+
+
+def decode_gears(data: dict, graph: Graph):
+    """The `GearSpec` of a graph file's ``gears`` record, with inputs indexed in ``graph``."""
+    from ..gears import GearSpec
+    from ..gears.spec import InputGears
+
+    index = {p.name: i for i, p in enumerate(graph.placeholders)}
+    try:
+        for entry in data["inputs"]:
+            if entry["placeholder"] not in index:
+                raise ExportError(f"gears name input {entry['placeholder']!r}, which the graph does not have")
+        inputs = tuple(InputGears(index[e["placeholder"]], e["name"], {int(d): tuple(v) for d, v in e["dims"].items()},
+                                  tuple(e["shape"])) for e in data["inputs"])
+        gears = tuple({(index[name], int(dim)): int(size) for name, dim, size in gear} for gear in data["gears"])
+        return GearSpec(inputs, gears, data["policy"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ExportError(f"malformed gears record in graph file: {e!r}") from None
 
 
 def _leaf_name(program: dict, leaf: int) -> str:

@@ -158,6 +158,23 @@ def _bind_inputs(g: Graph, cap: Captured, input_spec: dict, leaves: list, weight
     return [bindings[p.name] for p in g.placeholders], weight_names
 
 
+def encode_gears(spec, traced: Graph, exported: Graph):
+    """A `GearSpec` with inputs named by placeholder (the exported graph has fewer inputs than the trace)."""
+    if spec is None:
+        return None
+    names = [p.name for p in traced.placeholders]
+    kept = {p.name for p in exported.placeholders}
+    for inp in spec.inputs:
+        if names[inp.index] not in kept:
+            raise ExportError(f"gears were declared on {inp.name}, which is not an input of the exported graph")
+    return {
+        "policy": spec.policy,
+        "inputs": [{"placeholder": names[i.index], "name": i.name, "dims": {str(d): list(v) for d, v in i.dims.items()},
+                    "shape": [int(s) for s in i.shape]} for i in spec.inputs],
+        "gears": [[[names[i], d, v] for (i, d), v in gear.items()] for gear in spec.gears],
+    }
+
+
 def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, dynamic: bool,
                   config, folder: str, rank: int | None, world_size: int | None) -> Program:
     input_spec, leaves = describe_inputs(model, args, kwargs)
@@ -193,7 +210,7 @@ def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: di
         "outputs": outputs,
         "graph": graph_data,
         "weights": writer.records(),
-        "gears": None,
+        "gears": encode_gears(cap.gear_spec, cap.graph, g),
         "collectives": collectives,
         "process_groups": process_groups(collectives) if collectives else {},
         "module_stack": record_stack,
