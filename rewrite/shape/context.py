@@ -13,6 +13,7 @@ import itertools
 import logging
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from ..ir import SymbolInfo
@@ -20,6 +21,15 @@ from ..ir import SymbolInfo
 log = logging.getLogger("rewrite")
 
 __all__ = ["ShapeContext", "ShapeInferenceError", "to_expr"]
+
+
+def _exact_floordiv(e):
+    """``FloorDiv(a, b)`` is ``a / b`` when that quotient is a polynomial (``(s0**2)//s0`` -> ``s0``)."""
+    a, b = e.args
+    q = sympy.cancel(a / b)
+    if sympy.fraction(q)[1] == 1:
+        return sympy.expand(q)
+    return e
 
 
 class ShapeInferenceError(RuntimeError):
@@ -76,6 +86,8 @@ class ShapeContext:
             return expr
         if self.equalities:
             expr = expr.xreplace(self.equalities)
+        if expr.has(FloorDiv):
+            expr = expr.replace(lambda e: isinstance(e, FloorDiv), _exact_floordiv)
         if expr.has(sympy.Max, sympy.Min, sympy.core.relational.Relational):
             expr = expr.replace(lambda e: isinstance(e, (sympy.Max, sympy.Min, sympy.core.relational.Relational)),
                                 self._decide)

@@ -14,6 +14,7 @@ import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from ..ir import SymMeta, TensorMeta
@@ -37,6 +38,9 @@ class KernelRunner:
         self.ctx = ctx
         self.shape_env = ShapeEnv()
         self.mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=True)
+        # FakeTensor results are cached per process; our throwaway ShapeEnvs must not leave
+        # entries that a later Dynamo trace could hit.
+        self.mode.cache_enabled = False
         self.hints: dict[sympy.Symbol, int] = {}
 
     # -- symbols -----------------------------------------------------------------------------
@@ -50,7 +54,8 @@ class KernelRunner:
             hint = max(lo, 0) if hi is None else hi
         self.hints[s] = hint
         self.shape_env.add_backed_var_to_val(s, hint)
-        self.shape_env.var_to_range[s] = ValueRanges(lo, sympy.oo if hi is None else hi)
+        # (private, but the one call that also records where the bounds came from)
+        self.shape_env._update_var_to_range(s, ValueRanges(lo, int_oo if hi is None else hi))
 
     def _int(self, expr):
         expr = to_expr(expr)
@@ -88,6 +93,8 @@ class KernelRunner:
                 return self._tensor(x)
             if isinstance(x, SymMeta):
                 return self._scalar(x)
+            if isinstance(x, sympy.Expr):
+                return self._int(x)
             if isinstance(x, tuple):
                 return tuple(lift(v) for v in x)
             if isinstance(x, list):
@@ -159,6 +166,8 @@ def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
             if unknown_rank is not None and e.is_Number:
                 return x.pytype(e) if x.pytype is not bool else bool(e)
             return {int: 1, float: 1.0, bool: True}[x.pytype]
+        if isinstance(x, sympy.Expr):
+            return int(x) if x.is_Integer else 1
         if isinstance(x, torch.device):
             return torch.device("meta")
         if isinstance(x, (tuple, list)):

@@ -187,7 +187,7 @@ def elementwise(ctx: ShapeContext, target, args, kwargs):
 
 def reshape(ctx, a: Args, op):
     x = a.self
-    new = list(sizes(a.size))
+    new = list(sizes(a.size if hasattr(a, "size") else a.shape))  # view says size, reshape says shape
     numel = prod(x.shape)
     holes = [i for i, s in enumerate(new) if s == -1]
     if len(holes) > 1:
@@ -463,16 +463,27 @@ def bmm(ctx, a, op):
     return same(x, (x.shape[0], x.shape[1], y.shape[2]))
 
 
+def _check_bias(ctx, bias: TensorMeta, out: tuple, op):
+    """The added term must broadcast to the product's shape (it does not change it)."""
+    if len(bias.shape) > len(out):
+        raise ShapeInferenceError(f"{op}: the added tensor {list(bias.shape)} has more dimensions than the product {list(out)}")
+    broadcast(ctx, [bias.shape, out], op)
+
+
 def addmm(ctx, a, op):
     x, y = a.mat1, a.mat2
     _check_inner(ctx, x.shape[1], y.shape[0], op, x.shape, y.shape)
-    return same(x, (x.shape[0], y.shape[1]))
+    out = (x.shape[0], y.shape[1])
+    _check_bias(ctx, a.self, out, op)
+    return same(x, out)
 
 
 def baddbmm(ctx, a, op):
     x, y = a.batch1, a.batch2
     _check_inner(ctx, x.shape[2], y.shape[1], op, x.shape, y.shape)
-    return same(x, (x.shape[0], x.shape[1], y.shape[2]))
+    out = (x.shape[0], x.shape[1], y.shape[2])
+    _check_bias(ctx, a.self, out, op)
+    return same(x, out)
 
 
 def matmul(ctx, a, op):
