@@ -634,6 +634,19 @@ def assert_equivalent(graph_before: Graph, graph_after: Graph, inputs=None, *, e
 SCALAR_CANDIDATES = (0, 1, -1, 2, 0.0, -0.0, 1.0, -1.0, 2.0, 0.5, math.inf, math.nan, True, False)
 
 
+# Schema arguments typed as plain ints in the schema but holding enums: passing a random int
+# there crashes the kernel, so they are drawn from their real values.
+_ENUM_ARGUMENTS = {
+    "memory_format": [None, torch.contiguous_format, torch.preserve_format],
+    "layout": [None, torch.strided],
+    "device": [None, torch.device("cpu")],
+    "pin_memory": [None, False],
+}
+
+
+_TENSOR = object()  # "draw a tensor here" (None is a real value of optional arguments)
+
+
 class _Invalid(Exception):
     """This random instance does not fit the pattern (the left side raised, or a condition failed)."""
 
@@ -683,10 +696,15 @@ class _Instantiator:
     # -- tensors ---------------------------------------------------------------------------------
     def tensor(self, name: str, like: torch.Tensor | None) -> torch.Tensor:
         draw, h = self.draw, self.hints.get(name, {})
+        value = h.get("value")
         if h.get("dtype_like") in self.binding and isinstance(self.binding[h["dtype_like"]], torch.Tensor):
             dtype = self.binding[h["dtype_like"]].dtype
         elif h.get("dtypes"):
             dtype = draw(st.sampled_from(h["dtypes"]))
+        elif value is not None and isinstance(value, float) and (not value.is_integer() or math.copysign(1, value) < 0):
+            dtype = draw(st.sampled_from(FLOAT_DTYPES))  # -0.0 and 0.5 only exist in floats
+        elif value is not None:
+            dtype = draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES))
         elif like is not None and draw(st.booleans()):
             dtype = like.dtype
         else:
@@ -699,11 +717,17 @@ class _Instantiator:
             shape = self._broadcastable_to(tuple(like.shape))
         else:
             shape = tuple(draw(shapes(max_rank=MAX_RANK)))
-        if "value" in h and draw(st.booleans()):
-            t = torch.full(shape, h["value"], dtype=torch.float64).to(dtype)
+        if value is not None and draw(st.integers(0, 2)):
+            t = torch.full(shape, value, dtype=torch.float64).to(dtype)
         else:
             t = draw(tensors(shape, dtype))
         return self._layout(t)
+
+    def _typed_value(self, v):
+        """``v`` as a Python int or float (the typing decides promotion; both must be tried)."""
+        if isinstance(v, float) and (not v.is_integer() or math.copysign(1, v) < 0):
+            return v
+        return self.draw(st.sampled_from([int(v), float(v)]))
 
     def _broadcastable_to(self, shape: tuple) -> tuple:
         """``shape`` itself, or a shape that broadcasts against it (fewer dims, some set to 1)."""
@@ -725,21 +749,23 @@ class _Instantiator:
         return t
 
     # -- non-tensor arguments ---------------------------------------------------------------------
-    def argument(self, typ: str, arg_name: str, target, first: Any):
+    def argument(self, name: str, typ: str, arg_name: str, target, first: Any):
         """A value for an unbound variable at schema position ``arg_name: typ`` of ``target``.
 
-        Returns None for tensor positions (the caller draws a tensor there).
+        Returns ``_TENSOR`` for tensor positions (the caller draws a tensor there).
         """
         draw = self.draw
         rank = first.dim() if isinstance(first, torch.Tensor) else 0
         shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
         base, optional, is_list = _schema_kind(typ)
         if base == "Tensor" or base == "Any":
-            return None
+            return _TENSOR
         if optional and draw(st.integers(0, 3)) == 0:
             return None
         if arg_name == "dtype":
             return draw(st.sampled_from(list(self.dtypes)))
+        if arg_name in _ENUM_ARGUMENTS:
+            return draw(st.sampled_from(_ENUM_ARGUMENTS[arg_name]))
         if is_list and base == "int":
             if arg_name == "dims":
                 return draw(permutations_of(rank))
@@ -762,6 +788,8 @@ class _Instantiator:
                 return draw(st.sampled_from([1, 1, 2]))
             return draw(st.integers(-2, 4))
         if base == "number":
+            if "value" in self.hints.get(name, {}) and draw(st.booleans()):
+                return self._typed_value(self.hints[name]["value"])
             return draw(st.sampled_from([s for s in SCALAR_CANDIDATES if not isinstance(s, bool)]))
         if base == "bool":
             return draw(st.booleans())
@@ -781,8 +809,7 @@ class _Instantiator:
         """An operand in a Tensor position after the first: a Python scalar (as in ATen graphs) or a tensor."""
         h = self.hints.get(name, {})
         if "value" in h and self.draw(st.integers(0, 2)) == 0:
-            v = h["value"]
-            return self.draw(st.sampled_from([v, float(v)])) if not (isinstance(v, float) and math.isnan(v)) else v
+            return self._typed_value(h["value"])
         if self.draw(st.integers(0, 3)) == 0 and not h.get("dtypes") and "shape_like" not in h:
             return self.draw(st.sampled_from(SCALAR_CANDIDATES))
         return self.tensor(name, like)
@@ -795,6 +822,10 @@ class _Instantiator:
             raise TypeError(f"check_rule: left side must be an op pattern, got {pattern!r}")
         pos_types, kw_types = schema_types(pattern.target)
         names = _schema_names(pattern.target)
+        if names[:2] == ["self", "dims"] and isinstance(pattern.args[0], Var) and isinstance(pattern.args[1], list) \
+                and all(isinstance(i, int) for i in pattern.args[1]):
+            # A literal permutation fixes the rank of the tensor it permutes.
+            self.hints.setdefault(pattern.args[0].name, {}).setdefault("rank", len(pattern.args[1]))
         values: list = []
         first = None
 
@@ -807,15 +838,12 @@ class _Instantiator:
                     v = self.binding[p.name]
                 else:
                     t = typ or "Any"
-                    v = self.argument(t, arg_name, pattern.target, first)
-                    if v is None:
-                        is_tensor_slot = _schema_kind(t)[0] in ("Tensor", "Any")
-                        if is_tensor_slot and first is not None and index > 0 and not in_list:
+                    v = self.argument(p.name, t, arg_name, pattern.target, first)
+                    if v is _TENSOR:
+                        if first is not None and index > 0 and not in_list:
                             v = self.scalar_or_tensor(p.name, first)
-                        elif is_tensor_slot:
-                            v = self.tensor(p.name, first)
                         else:
-                            v = self.draw(st.sampled_from([0, 1, 2, -1]))
+                            v = self.tensor(p.name, first)
                     self.binding[p.name] = v
             elif isinstance(p, list):
                 elem = _schema_kind(typ)[0] if typ else None

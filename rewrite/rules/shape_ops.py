@@ -1,0 +1,145 @@
+"""Shape and layout ops that do nothing, or chains of them that collapse into one.
+
+Read a rule as ``left -> right when conditions``; tables of literal permutations and dtypes are
+expanded by the comprehensions at the bottom of each ruleset. Beyond the conditions written here,
+the engine accepts a replacement only where its dtype and shape equal the matched expression's:
+that is what makes ``squeeze.dim(x, d) -> x`` (dim d is not of size 1), ``slice(x, d, 0, e) -> x``
+(e reaches the end) and ``expand(expand(x, a), b) -> expand(x, b)`` (no -1 that would read a
+different size) sound, and check_rule models the same guard.
+
+Views and copies: every replacement here computes the same values; whether the result is a view
+of an input or a fresh tensor may change (``cat([x]) -> x``). In functional ATen graphs that is
+only observable through graph outputs and through inputs the graph mutates (copy_), which the
+optimizer guards at the graph boundary, and through later ``view`` ops that need a viewable
+layout: so a fresh copy is never replaced by a bare ``view`` of something else, only by
+``reshape`` (which copies when it must).
+
+Deliberately left out: ``clone(x) -> x`` in general. AOTAutograd emits ``clone`` exactly where a
+later ``view`` needs a contiguous layout (``expand -> clone -> view``), so dropping it breaks
+that view; ``_unsafe_view(clone(x)) -> reshape(x)`` below keeps the values and the safety.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ..dsl import RuleSet, aten, dtype_is, rule, shape_is, variables
+
+__all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "RULESETS"]
+
+x, s, a, b, d, e, m, dt = variables("x s a b d e m dt")
+
+INT64_MAX = 2**63 - 1  # "to the end" as ATen graphs spell a slice bound
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+ALL = FLOATS + INTS + (torch.bool,)
+
+
+def tensor(v):
+    return dtype_is(v, *ALL)
+
+
+# -- shape ops that return their input unchanged --------------------------------------------------
+NOOPS = RuleSet("shape.noops", [
+    rule(aten.view.default(x, s),                x, when=[shape_is(x, s)], name="view_same_shape"),
+    rule(aten.reshape.default(x, s),             x, when=[shape_is(x, s)], name="reshape_same_shape"),
+    rule(aten._unsafe_view.default(x, s),        x, when=[shape_is(x, s)], name="unsafe_view_same_shape"),
+    rule(aten.expand.default(x, s),              x, when=[shape_is(x, s)], name="expand_same_shape"),
+    rule(aten.transpose.int(x, d, d),            x, when=[tensor(x)],      name="transpose_same_dim"),
+    rule(aten.slice.Tensor(x, d, 0, e, 1),       x, when=[tensor(x)],      name="slice_full_from_0"),
+    rule(aten.slice.Tensor(x, d, None, e, 1),    x, when=[tensor(x)],      name="slice_full_from_none"),
+    rule(aten.squeeze.dims(x, []),               x, when=[tensor(x)],      name="squeeze_no_dims"),
+    rule(aten.squeeze.dim(x, d),                 x, when=[tensor(x)],      name="squeeze_dim_not_one"),
+    rule(aten.squeeze.default(x),                x, when=[tensor(x)],      name="squeeze_no_ones"),
+    rule(aten.cat.default([x], d),               x, when=[tensor(x)],      name="cat_single"),
+    rule(aten.alias.default(x),                  x, when=[tensor(x)],      name="alias"),
+    rule(aten._to_copy.default(x),               aten.clone.default(x), when=[tensor(x)], name="to_copy_is_clone"),
+] + [
+    rule(aten.permute.default(x, list(range(r))), x, when=[tensor(x)], name=f"permute_identity_rank{r}")
+    for r in range(0, 6)
+] + [
+    rule(aten._to_copy.default(x, dtype=t), aten.clone.default(x), when=[dtype_is(x, t)],
+         name=f"to_copy_same_dtype_{str(t).replace('torch.', '')}")
+    for t in ALL
+], description="view/reshape/expand to the same shape, identity permute, full slice, single cat, casts to the same dtype")
+
+# -- chains of view-like ops collapse into the last one ---------------------------------------------
+# view needs a viewable layout; if view(view(x, a), b) ran then view(x, b) runs too (both split and
+# merge the same contiguous runs of x). Anything involving reshape or a copy becomes reshape.
+view, reshape, unsafe_view = aten.view.default, aten.reshape.default, aten._unsafe_view.default
+VIEW_CHAINS = RuleSet("shape.view_chains", [
+    rule(view(view(x, a), b),                  view(x, b),        when=[tensor(x)], name="view_view"),
+    rule(unsafe_view(unsafe_view(x, a), b),    unsafe_view(x, b), when=[tensor(x)], name="unsafe_view_unsafe_view"),
+    rule(view(unsafe_view(x, a), b),           view(x, b),        when=[tensor(x)], name="view_unsafe_view"),
+    rule(unsafe_view(view(x, a), b),           unsafe_view(x, b), when=[tensor(x)], name="unsafe_view_view"),
+    rule(reshape(reshape(x, a), b),            reshape(x, b),     when=[tensor(x)], name="reshape_reshape"),
+    rule(reshape(view(x, a), b),               reshape(x, b),     when=[tensor(x)], name="reshape_view"),
+    rule(view(reshape(x, a), b),               reshape(x, b),     when=[tensor(x)], name="view_reshape"),
+    rule(unsafe_view(aten.clone.default(x, memory_format=m), s), reshape(x, s), when=[tensor(x)], name="unsafe_view_clone"),
+    rule(aten.expand.default(aten.expand.default(x, a), b), aten.expand.default(x, b), when=[tensor(x)], name="expand_expand"),
+    rule(aten.squeeze.dim(aten.unsqueeze.default(x, d), d),     x, when=[tensor(x)], name="squeeze_unsqueeze"),
+    rule(aten.squeeze.dims(aten.unsqueeze.default(x, d), [d]),  x, when=[tensor(x)], name="squeeze_dims_unsqueeze"),
+    rule(aten.unsqueeze.default(aten.squeeze.dim(x, d), d),     x, when=[tensor(x)], name="unsqueeze_squeeze"),
+    rule(aten.transpose.int(aten.transpose.int(x, a, b), a, b), x, when=[tensor(x)], name="transpose_transpose"),
+    rule(aten.transpose.int(aten.transpose.int(x, a, b), b, a), x, when=[tensor(x)], name="transpose_transpose_swapped"),
+    rule(aten.t.default(aten.t.default(x)),                     x, when=[tensor(x)], name="t_t"),
+], description="view/reshape/expand chains, squeeze/unsqueeze and transpose pairs")
+
+
+# -- permute of permute ---------------------------------------------------------------------------
+def _compose(p: tuple, q: tuple) -> list[int]:
+    """permute(permute(x, p), q) == permute(x, [p[i] for i in q])."""
+    return [p[i] for i in q]
+
+
+def _inverse(p: tuple) -> list[int]:
+    inv = [0] * len(p)
+    for i, j in enumerate(p):
+        inv[j] = i
+    return inv
+
+
+def _permute_rules() -> list:
+    permute = aten.permute.default
+    rules = []
+    for rank in (2, 3, 4):
+        identity = tuple(range(rank))
+        perms = [p for p in itertools.permutations(range(rank)) if p != identity]
+        for p in perms:
+            # An inverse pair cancels (every rank up to 4, which covers attention's [0, 2, 1, 3]).
+            rules.append(rule(permute(permute(x, list(p)), _inverse(p)), x, when=[tensor(x)],
+                              name=f"permute_inverse_{''.join(map(str, p))}"))
+            if rank > 3:
+                continue  # 23 x 22 rank-4 compositions are not worth their matching cost
+            for q in perms:
+                composed = _compose(p, q)
+                if tuple(composed) != identity:
+                    rules.append(rule(permute(permute(x, list(p)), list(q)), permute(x, composed), when=[tensor(x)],
+                                      name=f"permute_compose_{''.join(map(str, p))}_{''.join(map(str, q))}"))
+    return rules
+
+
+PERMUTES = RuleSet("shape.permutes", _permute_rules(),
+                   description="permute of permute: inverse pairs cancel (rank <= 4), others compose (rank <= 3)")
+
+# -- casts through a dtype that holds every value of the source exactly ---------------------------
+# ``_to_copy(_to_copy(x, mid), dst) -> _to_copy(x, dst)`` when ``mid`` represents every value of
+# x's dtype exactly: the first cast loses nothing, so casting x directly gives the same result.
+# (Combined with to_copy_same_dtype, a round trip f32 -> f64 -> f32 becomes a clone of x.)
+EXACT_IN = {
+    torch.float64: (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool),
+    torch.float32: (torch.float16, torch.bfloat16, torch.int16, torch.int8, torch.uint8, torch.bool),
+    torch.float16: (torch.int8, torch.uint8, torch.bool),
+    torch.bfloat16: (torch.int8, torch.uint8, torch.bool),
+    torch.int64: (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool),
+    torch.int32: (torch.int16, torch.int8, torch.uint8, torch.bool),
+    torch.int16: (torch.int8, torch.uint8, torch.bool),
+}
+CASTS = RuleSet("shape.casts", [
+    rule(aten._to_copy.default(aten._to_copy.default(x, dtype=mid), dtype=dt), aten._to_copy.default(x, dtype=dt),
+         when=[dtype_is(x, *sources)], name=f"cast_through_{str(mid).replace('torch.', '')}")
+    for mid, sources in EXACT_IN.items()
+], description="a cast through a wider dtype that loses nothing collapses into one cast")
+
+RULESETS = [NOOPS, VIEW_CHAINS, PERMUTES, CASTS]
