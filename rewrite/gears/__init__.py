@@ -2,13 +2,12 @@
 
 ``set_dim_gears`` (spec) declares gears on inputs; ``collect_gear_specs`` merges them when a graph
 is compiled; ``compile_dynamic`` (compile) substitutes each gear into the optimized symbolic graph
-(concretize) and builds a dispatcher (dispatch) that picks the static graph by input shape, with
+and builds a dispatcher (dispatch) that picks the static graph by input shape, with
 optional padding (padding) for shapes between gears.
 """
 from __future__ import annotations
 
-from .compile import bind_gears, compile_dynamic
-from .concretize import concretize
+from .compile import bind_gears, compile_dynamic, concretize
 from .dispatch import GearDispatcher
 from .spec import MAX_GEARS, GearError, GearSpec, collect_gear_specs, get_dim_gears, merge_gears, set_dim_gears
 

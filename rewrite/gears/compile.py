@@ -1,9 +1,9 @@
 """Compile once for every gear: the symbolic graph -> one static graph per gear -> a dispatcher.
 
 Dynamo traces the model once with the geared dimensions symbolic; the optimizer runs once on that
-symbolic graph. Here each gear's sizes are substituted for the symbols (`concretize`), the static
-graph is re-folded and re-optimized (fixed sizes allow more folding), and built by the kernel
-backend. A gear the trace cannot serve (it contradicts a guard Dynamo recorded, e.g. the model
+symbolic graph. Here each gear's sizes are substituted for the symbols and size arithmetic is
+folded to constants (the shape layer's ``substitute`` + ``fold_shape_computations``), the static
+graph is re-optimized (fixed sizes allow more folding), and built by the kernel backend. A gear the trace cannot serve (it contradicts a guard Dynamo recorded, e.g. the model
 branched on ``size > 1``) is left out with a warning: Dynamo will trace such shapes separately.
 """
 from __future__ import annotations
@@ -16,13 +16,12 @@ import torch
 
 from ..ir import Graph, TensorMeta
 from ..report import GraphReport
-from .concretize import concretize
 from .dispatch import GearDispatcher, GearSymbol
 from .spec import GearError, GearSpec
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["compile_dynamic", "bind_gears"]
+__all__ = ["compile_dynamic", "bind_gears", "concretize"]
 
 # Log each gear's compile at INFO from this many gears on (fewer: DEBUG).
 _PROGRESS_FROM = 8
@@ -119,13 +118,15 @@ def _dynamic_dims_line(spec: GearSpec) -> str:
     return ";".join(",".join(str(gear[k]) for k in order) for gear in spec.gears)
 
 
-def _fold(graph: Graph) -> None:
-    """Re-fold shape computations with the shape layer when it offers a folding pass."""
-    try:
-        from ..shape import fold_shape_computations
-    except ImportError:
-        return
-    fold_shape_computations(graph)
+def concretize(graph: Graph, values: dict) -> Graph:
+    """The static graph of one gear: symbols substituted, size arithmetic folded to constants."""
+    from ..shape import fold_shape_computations, substitute
+
+    static = substitute(graph, values)
+    fold_shape_computations(static)
+    static.prune()
+    static.name = f"{graph.name}_" + "_".join(f"{s}_{v}" for s, v in values.items())
+    return static
 
 
 def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: GraphReport, build_static,
@@ -164,7 +165,6 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
                 continue
             t0 = time.perf_counter()
             static = concretize(graph, values)
-            _fold(static)
             static = optimize(static, config, GraphReport(static.name))
             report.gears[key] = static.op_counts()
             table[key] = build_static(static)

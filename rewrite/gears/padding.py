@@ -67,9 +67,18 @@ def _row_of_shape(shape, s) -> Row | None:
     if len(dims) > 1:
         raise NotRowwise(f"{s} appears in {len(dims)} dimensions of shape {shape}")
     k = sympy.simplify(shape[dims[0]] / s)
-    if _has(k, s) or not (k.is_Integer and k > 0):
+    if not _is_factor(k, s):
         raise NotRowwise(f"dimension {dims[0]} has size {shape[dims[0]]}, not a multiple of {s}")
     return Row(dims[0], k)
+
+
+def _is_factor(k, s) -> bool:
+    """A block size: a positive integer or a product of other sizes (free of ``s``)."""
+    if _has(k, s):
+        return False
+    if k.is_Integer:
+        return k > 0
+    return k.is_Mul or k.is_Symbol or k.is_Pow and k.exp.is_Integer and k.exp > 0
 
 
 def _prod(xs):
@@ -82,7 +91,7 @@ def _reshape(state: Row, in_shape, out_shape, s) -> Row:
     prefix = _prod(in_shape[:state.dim])
     for e in range(len(out_shape)):
         k = sympy.simplify(stride / _prod(out_shape[e + 1:]))
-        if _has(k, s) or not (k.is_Integer and k > 0):
+        if not _is_factor(k, s):
             continue
         if sympy.simplify(out_shape[e] - s * k) == 0 and sympy.simplify(_prod(out_shape[:e]) - prefix) == 0:
             return Row(e, k)
@@ -550,6 +559,7 @@ class Padder:
             pads.extend((i, d, want - have) for i, d in plan.inputs)
             scalars.update({i: want for i in plan.scalars})
         real = {s.symbol: v for s, v in zip(self.symbols, key)}
+        padded = {s.symbol for s, have, want in zip(self.symbols, key, target) if have != want}
         slices, fixed = [], {}
         for j, (states, meta) in enumerate(zip(self.output_states, self.output_metas)):
             if isinstance(meta, SymMeta):
@@ -558,7 +568,14 @@ class Padder:
                 continue
             for pos, st in states.items():
                 if isinstance(st, Row) and key[pos] != target[pos]:
-                    slices.append((j, st.dim, int(st.k) * key[pos]))
+                    k = sympy.sympify(st.k)
+                    if k.free_symbols & padded or k.subs(real).free_symbols:
+                        from .spec import GearError
+
+                        raise GearError(f"cannot pad to gear {target}: output {j} has rows in blocks of {k}, "
+                                        f"a size that is padded too or is no gear")
+                    k = k.subs(real)
+                    slices.append((j, st.dim, int(k) * key[pos]))
 
         def run_padded(*args):
             args = list(args)

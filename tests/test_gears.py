@@ -1,0 +1,381 @@
+"""Dynamic-shape gears: declaration checks, merge policies, one compile serving every gear,
+dispatch errors, padding (and its refusal), the Inductor kernel backend, real models vs eager."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import rewrite
+from rewrite import models
+from rewrite.gears import MAX_GEARS, GearError, get_dim_gears, merge_gears, set_dim_gears
+from rewrite.gears.spec import InputGears
+
+
+@pytest.fixture(autouse=True)
+def _size_oblivious_flag_restored():
+    """set_dim_gears turns on a torch flag until the geared graph runs; never leak it to other tests."""
+    before = torch.fx.experimental._config.backed_size_oblivious
+    yield
+    from rewrite.gears.spec import restore_size_oblivious
+
+    restore_size_oblivious()
+    torch.fx.experimental._config.backed_size_oblivious = before
+
+
+def unique_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+# -- set_dim_gears: every validation error -------------------------------------------------------
+
+@pytest.mark.parametrize("dim_gears, message", [
+    ({3: [2, 4]}, "dim 3 is out of range for a tensor of rank 2"),
+    ({-3: [2, 4]}, "dim -3 is out of range"),
+    ({"0": [2, 4]}, "dim '0' must be an int"),
+    ({True: [2, 4]}, "dim True must be an int"),
+    ({0: []}, "must be a non-empty list"),
+    ({0: 4}, "must be a non-empty list"),
+    ({0: [2, 0]}, "gear value 0 of dim 0 is not allowed"),
+    ({0: [2, -4]}, "gear value -4"),
+    ({0: [2, 4.0]}, "gear value 4.0"),
+    ({0: [True, 2]}, "gear value True"),
+    ({1: [2], -1: [3]}, "name the same dimension"),
+    ({}, "non-empty dict"),
+    ([2, 4], "non-empty dict"),
+])
+def test_set_dim_gears_rejects_bad_declarations(dim_gears, message):
+    x = torch.ones(2, 3)
+    with pytest.raises(GearError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        set_dim_gears(x, dim_gears)
+    assert get_dim_gears(x) == {}
+
+
+def test_set_dim_gears_rejects_non_tensor():
+    with pytest.raises(GearError, match="expected a torch.Tensor, got list"):
+        set_dim_gears([1, 2], {0: [2]})
+
+
+def test_set_dim_gears_same_again_is_fine_different_is_an_error():
+    x = torch.ones(2, 3)
+    set_dim_gears(x, {-2: [2, 4]})
+    assert get_dim_gears(x) == {0: (2, 4)}  # negative dims are normalized
+    set_dim_gears(x, {0: [2, 4]})  # the same gears again
+    set_dim_gears(x, {1: [3, 6]})  # another dim is added
+    assert get_dim_gears(x) == {0: (2, 4), 1: (3, 6)}
+    with pytest.raises(GearError, match=r"dim 0 of this tensor already has gears \[2, 4\].*different gears \[2, 8\]"):
+        set_dim_gears(x, {0: [2, 8]})
+    assert get_dim_gears(x) == {0: (2, 4), 1: (3, 6)}
+
+
+def test_set_dim_gears_marks_dims_dynamic():
+    x = torch.ones(2, 3, 4)
+    set_dim_gears(x, {0: [2, 4], -1: [4, 8]})
+    assert x._dynamo_dynamic_indices == {0, 2}
+
+
+# -- merge policies and the limit ----------------------------------------------------------------
+
+def _inp(index, dims, name=None):
+    return InputGears(index, name or f"x{index}", {d: tuple(v) for d, v in dims.items()}, ())
+
+
+def test_zip_within_a_tensor_is_position_by_position():
+    # The seed's example: six gears of a (2, 10) input by zip.
+    gears = merge_gears([_inp(0, {0: [2, 3, 4, 2, 3, 4], 1: [10, 10, 10, 20, 20, 20]})], "zip")
+    assert [(g[(0, 0)], g[(0, 1)]) for g in gears] == [(2, 10), (3, 10), (4, 10), (2, 20), (3, 20), (4, 20)]
+
+
+def test_product_within_a_tensor_is_cartesian():
+    gears = merge_gears([_inp(0, {0: [2, 3, 4], 1: [10, 20]})], "product")
+    assert sorted((g[(0, 0)], g[(0, 1)]) for g in gears) == [(2, 10), (2, 20), (3, 10), (3, 20), (4, 10), (4, 20)]
+
+
+def test_zip_and_product_across_tensors():
+    a, b = _inp(0, {0: [2, 4]}), _inp(1, {0: [2, 4]})
+    assert [(g[(0, 0)], g[(1, 0)]) for g in merge_gears([a, b], "zip")] == [(2, 2), (4, 4)]
+    assert [(g[(0, 0)], g[(1, 0)]) for g in merge_gears([a, b], "product")] == [(2, 2), (2, 4), (4, 2), (4, 4)]
+
+
+def test_zip_needs_equal_lengths():
+    with pytest.raises(GearError, match=r"same length, got lengths \{0: 2, 1: 3\}"):
+        merge_gears([_inp(0, {0: [2, 4], 1: [1, 2, 3]})], "zip")
+    with pytest.raises(GearError, match=r"same number of gears, got \{'a': 2, 'b': 3\}"):
+        merge_gears([_inp(0, {0: [2, 4]}, "a"), _inp(1, {0: [2, 4, 8]}, "b")], "zip")
+
+
+def test_at_most_100_gears_and_the_error_states_the_count():
+    assert MAX_GEARS == 100
+    assert len(merge_gears([_inp(0, {0: list(range(1, 11)), 1: list(range(1, 11))})], "product")) == 100
+    with pytest.raises(GearError, match="110 gears declared .*at most 100"):
+        merge_gears([_inp(0, {0: list(range(1, 12)), 1: list(range(1, 11))})], "product")
+    with pytest.raises(GearError, match="101 gears declared"):
+        merge_gears([_inp(0, {0: list(range(1, 102))})], "zip")
+
+
+def test_duplicate_gears_are_merged():
+    gears = merge_gears([_inp(0, {0: [2, 2, 4]})], "zip")
+    assert [g[(0, 0)] for g in gears] == [2, 4]
+
+
+# -- compile once, dispatch, errors --------------------------------------------------------------
+
+class AddSoftmax(torch.nn.Module):
+    """Rows of dim 0 stay independent (padding is allowed); returns a size too."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        h = torch.softmax(self.lin(x) + y, -1).reshape(x.shape[0], -1)
+        return h * 2, x.shape[0] * 3
+
+
+class SumOverBatch(AddSoftmax):
+    """Reduces across dim 0: padding it would change the result."""
+
+    def forward(self, x, y):
+        return (torch.softmax(self.lin(x) + y, -1).sum(0),)
+
+
+def _compile(model, config=None):
+    backend = rewrite.get_backend(config or rewrite.CompilerConfig())
+    return torch.compile(model, backend=backend, fullgraph=True), backend
+
+
+def _pair(b, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, 3, 4, generator=g), torch.randn(b, 3, 4, generator=g)
+
+
+def _check(fn, model, x, y):
+    out, ref = fn(x, y), model(x, y)
+    for o, r in zip(out, ref):
+        if isinstance(r, torch.Tensor):
+            assert o.shape == r.shape
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+        else:
+            assert o == r
+
+
+def test_every_gear_including_1_compiles_once_and_matches_eager(caplog):
+    model = AddSoftmax().eval()
+    fn, backend = _compile(model)
+    x, y = _pair(2)
+    set_dim_gears(x, {0: [1, 2, 4, 8]})
+    set_dim_gears(y, {0: [1, 2, 4, 8]})
+    counters.clear()
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="rewrite"):
+        _check(fn, model, x, y)
+        for b in [1, 8, 4, 2, 1]:
+            _check(fn, model, *_pair(b, seed=b))
+    assert unique_graphs() == 1, "a gear shape recompiled"
+    (graph_report,) = backend.report.graphs
+    assert sorted(graph_report.gears) == [(1,), (2,), (4,), (8,)]
+    assert all(sum(c.values()) > 0 for c in graph_report.gears.values())
+    text = caplog.text
+    assert "inputShape = L['x']:-1,3,4;L['y']:-1,3,4" in text
+    assert "dynamicDims = 1,1;2,2;4,4;8,8" in text
+    assert torch.fx.experimental._config.backed_size_oblivious is False  # restored after the first run
+
+
+def test_shape_outside_the_gears_names_input_dim_value_and_gears():
+    model = AddSoftmax().eval()
+    fn, _ = _compile(model)
+    x, y = _pair(2)
+    set_dim_gears(x, {0: [2, 4]})
+    set_dim_gears(y, {0: [2, 4]})
+    with torch.no_grad():
+        fn(x, y)
+        with pytest.raises(GearError, match=r"input L\['x'\] dim 0 has size 3; allowed gears for it: \[2, 4\]"):
+            fn(*_pair(3))
+
+
+def test_product_drops_gears_the_graph_ties_together():
+    # x + y ties dim 0 of x and y to one size: of the product's 4 gears only (2, 2) and (4, 4) can exist.
+    model = AddSoftmax().eval()
+    config = rewrite.CompilerConfig()
+    config.inference_config.dynamic_gears_merge_policy = "product"
+    fn, backend = _compile(model, config)
+    x, y = _pair(2)
+    set_dim_gears(x, {0: [2, 4]})
+    set_dim_gears(y, {0: [2, 4]})
+    with torch.no_grad():
+        _check(fn, model, x, y)
+        _check(fn, model, *_pair(4))
+    assert sorted(backend.report.graphs[0].gears) == [(2,), (4,)]
+
+
+class TwoSizes(torch.nn.Module):
+    def forward(self, x, y):
+        return x.sum(1, keepdim=True) * y.mean(), y.shape[0] + x.shape[0]
+
+
+def test_product_of_independent_dims_compiles_every_combination():
+    model = TwoSizes()
+    config = rewrite.CompilerConfig()
+    config.inference_config.dynamic_gears_merge_policy = "product"
+    fn, backend = _compile(model, config)
+    x, y = torch.randn(2, 5), torch.randn(3)
+    set_dim_gears(x, {0: [2, 4]})
+    set_dim_gears(y, {0: [3, 6]})
+    counters.clear()
+    with torch.no_grad():
+        for a, b in [(2, 3), (2, 6), (4, 3), (4, 6)]:
+            xx, yy = (x, y) if (a, b) == (2, 3) else (torch.randn(a, 5), torch.randn(b))
+            out, ref = fn(xx, yy), model(xx, yy)
+            torch.testing.assert_close(out[0], ref[0])
+            assert out[1] == ref[1]
+        with pytest.raises(GearError, match=r"input L\['y'\] dim 0 has size 5; allowed gears for it: \[3, 6\]"):
+            fn(torch.randn(2, 5), torch.randn(5))
+    assert unique_graphs() == 1
+    assert len(backend.report.graphs[0].gears) == 4
+
+
+def test_dynamic_fallback_runs_the_symbolic_graph():
+    model = AddSoftmax().eval()
+    config = rewrite.CompilerConfig()
+    config.inference_config.gear_fallback = "dynamic"
+    fn, _ = _compile(model, config)
+    x, y = _pair(2)
+    set_dim_gears(x, {0: [2, 4]})
+    set_dim_gears(y, {0: [2, 4]})
+    counters.clear()
+    with torch.no_grad():
+        _check(fn, model, x, y)
+        for b in (3, 7, 1):
+            _check(fn, model, *_pair(b, seed=b))
+    assert unique_graphs() == 1
+
+
+# -- padding -------------------------------------------------------------------------------------
+
+def test_pad_fallback_pads_to_the_smallest_larger_gear_and_slices_back(caplog):
+    model = AddSoftmax().eval()
+    config = rewrite.CompilerConfig()
+    config.inference_config.gear_fallback = "pad"
+    fn, _ = _compile(model, config)
+    x, y = _pair(2)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    set_dim_gears(y, {0: [2, 4, 8]})
+    counters.clear()
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="rewrite"):
+        _check(fn, model, x, y)
+        for b in (1, 3, 5, 7):
+            _check(fn, model, *_pair(b, seed=b))  # outputs sliced back; the size output is the real one
+        with pytest.raises(GearError, match="no gear is larger"):
+            fn(*_pair(9))
+    assert unique_graphs() == 1
+    assert "= 3 is not a gear; padding up to gear (4,)" in caplog.text
+    assert "= 5 is not a gear; padding up to gear (8,)" in caplog.text
+
+
+def test_pad_is_refused_when_a_reduction_mixes_the_padded_dim():
+    model = SumOverBatch().eval()
+    config = rewrite.CompilerConfig()
+    config.inference_config.gear_fallback = "pad"
+    fn, _ = _compile(model, config)
+    x, y = _pair(2)
+    set_dim_gears(x, {0: [2, 4]})
+    set_dim_gears(y, {0: [2, 4]})
+    with torch.no_grad():
+        _check(fn, model, x, y)
+        with pytest.raises(GearError, match=r"padding is not possible: .*\(aten.sum.dim_IntList\) reduces across "
+                                            r"the rows"):
+            fn(*_pair(3))
+
+
+def test_row_proof_follows_flattening_views_and_refuses_attention_over_rows():
+    from rewrite.fx_bridge import from_fx
+    from rewrite.gears.padding import NotRowwise, Row, row_states
+
+    def trace(fn, *shapes):
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        gm = make_fx(fn, tracing_mode="symbolic")(*[torch.randn(*s) for s in shapes])
+        return from_fx(gm)
+
+    # [b, t, h] -> [b*t, h] @ w -> [b, t, h]: rows of b survive the flattening (k = t).
+    g = trace(lambda x, w: (x.reshape(-1, x.shape[-1]) @ w).reshape(x.shape), (3, 5, 4), (4, 4))
+    b = g.placeholders[0].meta.shape[0]
+    states = row_states(g, b)
+    out = g.outputs[0] if isinstance(g.outputs, (tuple, list)) else g.outputs
+    assert states[out.id] == Row(0)
+    # Along the sequence dim, attention mixes rows: refused, naming the op.
+    attn = trace(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q), (2, 3, 5, 4))
+    s = attn.placeholders[0].meta.shape[2]
+    with pytest.raises(NotRowwise, match="attention|rows"):
+        row_states(attn, s)
+    # Along the batch dim, attention keeps rows apart.
+    bsym = attn.placeholders[0].meta.shape[0]
+    states = row_states(attn, bsym)
+    out = attn.outputs[0] if isinstance(attn.outputs, (tuple, list)) else attn.outputs
+    assert states[out.id] == Row(0)
+
+
+# -- the Inductor kernel backend -----------------------------------------------------------------
+
+def test_inductor_kernels_compile_each_gear_graph(monkeypatch):
+    import rewrite.exec.inductor as inductor
+
+    compiled = []
+    real = inductor.compile_with_inductor
+
+    def counting(graph):
+        compiled.append(graph.is_static())
+        return real(graph)
+
+    monkeypatch.setattr(inductor, "compile_with_inductor", counting)
+    model = AddSoftmax().eval()
+    config = rewrite.CompilerConfig()
+    config.exec.kernels = "inductor"
+    fn, _ = _compile(model, config)
+    x, y = _pair(2)
+    set_dim_gears(x, {0: [1, 2]})
+    set_dim_gears(y, {0: [1, 2]})
+    counters.clear()
+    with torch.no_grad():
+        _check(fn, model, x, y)
+        _check(fn, model, *_pair(1, seed=1))
+    assert compiled == [True, True]  # one Inductor compile per gear, each on a static graph
+    assert unique_graphs() == 1
+
+
+# -- real models at every gear -------------------------------------------------------------------
+
+def test_minilm_real_weights_every_batch_gear_matches_eager_and_pads_between():
+    model = models.minilm()
+    config = rewrite.CompilerConfig()
+    config.inference_config.gear_fallback = "pad"
+    fn, backend = _compile(model, config)
+    ids = models.token_batch(2, 8, vocab=30000)
+    set_dim_gears(ids, {0: [1, 2, 4]})
+    counters.clear()
+    with torch.no_grad():
+        for b in (2, 1, 4, 3):  # 3 is no gear: padded to 4
+            inp = ids if b == 2 else models.token_batch(b, 8, vocab=30000, seed=b)
+            out, ref = fn(inp), model(inp)
+            torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out.pooler_output, ref.pooler_output, rtol=1e-4, atol=1e-4)
+    assert unique_graphs() == 1
+    assert sorted(backend.report.graphs[0].gears) == [(1,), (2,), (4,)]
+
+
+def test_gpt2_batch_and_sequence_gears_by_product_match_eager():
+    model = models.gpt2()
+    config = rewrite.CompilerConfig()
+    config.inference_config.dynamic_gears_merge_policy = "product"
+    fn, backend = _compile(model, config)
+    ids = models.token_batch(2, 8)
+    set_dim_gears(ids, {0: [1, 2], 1: [8, 16]})
+    counters.clear()
+    with torch.no_grad():
+        for b, t in [(2, 8), (1, 8), (1, 16), (2, 16)]:
+            inp = ids if (b, t) == (2, 8) else models.token_batch(b, t, seed=b * t)
+            out, ref = fn(inp), model(inp)
+            torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
+    assert unique_graphs() == 1
+    assert len(backend.report.graphs[0].gears) == 4
