@@ -273,6 +273,28 @@ def test_worker_exception_propagates_to_the_caller_and_the_pool_recovers():
         torch.testing.assert_close(got, b)
 
 
+def test_multi_output_ops_views_and_input_mutation_across_streams():
+    """An input written in place on the default stream is read through a view on another stream:
+    the write (a side-effecting copy_) must wait for that read, though no data edge says so."""
+    def f(x, y):
+        with scope.stream_switch("a"):
+            v, i = x.max(dim=1)
+            parts = torch.split(y, 2)
+        with scope.stream_switch("b"):
+            s = parts[0].sum() + v.sum()
+        y.add_(1)
+        return v, i, s, parts[1] * 2
+
+    compiled, backend = _compile(f)
+    x, y = torch.randn(4, 6), torch.randn(6, 3)
+    for _ in range(20):
+        y1, y2 = y.clone(), y.clone()
+        for a, b in zip(compiled(x, y1), f(x, y2)):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(y1, y2)
+    assert _applied(backend)["streams"] == 3
+
+
 def test_stream_plan_waits_only_where_needed():
     g, (a, b, c, d) = _two_stream_graph()
     plan = plan_streams(g)

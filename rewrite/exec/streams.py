@@ -7,7 +7,8 @@
   edge too (a wait that closes a cycle is an error naming the nodes of the cycle);
 * per node, its stream: ``attrs["stream"]`` (a tag) or the default stream (the caller's);
 * per node, the events its stream waits on before running it: one for every input produced on
-  another stream and every ``wait_for`` node on another stream, minus the waits already implied
+  another stream, every ``wait_for`` node on another stream and, around ops with side effects
+  (in-place writes), the other streams' work before and after them, minus the waits already implied
   by an earlier wait (tracked with vector clocks, so a stream never waits twice for what it knows).
 
 Placeholders and constants belong to no stream: they exist before any stream starts.
@@ -19,7 +20,7 @@ import heapq
 import operator
 
 from ..fx_bridge import CompileError
-from ..ir import Graph, Node
+from ..ir import Graph, Node, is_side_effect
 
 __all__ = ["StreamPlan", "plan_streams", "StreamCycleError", "DEFAULT_STREAM", "resolve_waits"]
 
@@ -144,6 +145,29 @@ def _follows_producer(n: Node) -> bool:
     return n.target is operator.getitem and isinstance(n.args[0], Node) and n.args[0].kind == "call"
 
 
+def _barrier_waits(order: list, stream_of: dict) -> dict:
+    """Ops with side effects (in-place writes such as the ``copy_`` of an input mutation) are
+    barriers across streams: another stream may read the memory they write through a view the
+    data edges do not show. A barrier waits for everything issued before it on every stream, and
+    everything issued after it on other streams waits for it (the vector clocks drop the repeats).
+    """
+    out: dict[int, list] = {}
+    last: dict[int, Node] = {}  # stream -> its latest node so far
+    barrier: Node | None = None
+    for n in order:
+        s = stream_of[n.id]
+        deps = []
+        if barrier is not None and stream_of[barrier.id] != s:
+            deps.append(barrier)
+        if is_side_effect(n):
+            deps += [m for t, m in last.items() if t != s]
+            barrier = n
+        if deps:
+            out[n.id] = deps
+        last[s] = n
+    return out
+
+
 def plan_streams(graph: Graph, assign: dict | None = None) -> StreamPlan:
     """Build the stream plan of ``graph``. ``assign`` (node id -> tag) overrides ``attrs["stream"]``."""
     waits = resolve_waits(graph)
@@ -162,6 +186,8 @@ def plan_streams(graph: Graph, assign: dict | None = None) -> StreamPlan:
         if tag not in streams:
             streams.append(tag)
         stream_of[n.id] = streams.index(tag)
+
+    barriers = _barrier_waits(order, stream_of)
 
     # Vector clocks: clock[s][t] = position on stream t up to which stream s knows work is done.
     position: dict[int, int] = {}
@@ -194,7 +220,7 @@ def plan_streams(graph: Graph, assign: dict | None = None) -> StreamPlan:
         for p in n.inputs:
             if (w := need(s, p, True)) is not None:
                 before.append(w)
-        for p in waits.get(n.id, ()):
+        for p in list(waits.get(n.id, ())) + barriers.get(n.id, []):
             if (w := need(s, p, False)) is not None:
                 before.append(w)
         if before:
