@@ -116,6 +116,16 @@ CASES = [
     ("zeros", aten.zeros.default, ([3, I(S1)],), {"dtype": i64}),
     ("new_zeros", aten.new_zeros.default, (T(S0, 4, dtype=torch.float16), [I(S1), 2]), {}),
     ("scalar_tensor", aten.scalar_tensor.default, (2.0,), {"dtype": f32}),
+    ("arange", aten.arange.default, (I(S1),), {"dtype": i64}),
+    ("arange_start", aten.arange.start, (2, I(S1)), {}),
+    ("arange_step", aten.arange.start_step, (0, 10, 3), {}),
+    ("arange_float", aten.arange.start_step, (0, 1.0, 0.25), {}),
+    ("arange_neg", aten.arange.start_step, (10, 0, -3), {}),
+    ("split_sizes", aten.split_with_sizes.default, (T(S0, 10), [3, 7], 1), {}),
+    ("split", aten.split.Tensor, (T(10, S0), 4), {}),
+    ("sdpa", aten.scaled_dot_product_attention.default, (T(S0, 4, S1, 16), T(S0, 4, S1, 16), T(S0, 4, S1, 8)), {}),
+    ("sdpa_cpu", aten._scaled_dot_product_flash_attention_for_cpu.default,
+     (T(S0, 4, S1, 16), T(S0, 4, S1, 16), T(S0, 4, S1, 16)), {}),
     ("sym_size", aten.sym_size.int, (T(S0, S1, 64), 1), {}),
     ("sym_numel", aten.sym_numel.default, (T(S0, S1, 64),), {}),
     ("mul_sizes", operator.mul, (I(S0), I(S1)), {}),
@@ -312,8 +322,11 @@ def test_dynamic_bert_graph_reinfers_to_what_dynamo_recorded():
     gm, _, _ = _capture(model, ids, dynamic_dims=[(ids, 0), (ids, 1)])
     graph = from_fx(gm)
     assert len(graph.symbols) == 2
-    infer_graph(graph, check=True, strict=True)  # raises ShapeMismatch naming any node that differs
+    ctx = ShapeContext(graph.symbols)
+    infer_graph(graph, ctx, check=True, strict=True)  # raises ShapeMismatch naming any node that differs
     assert not graph.is_static()
+    # Every op of this graph has a hand rule; none needed a FakeTensor.
+    assert ctx.stats["rule"] > 80 and ctx.stats["kernel"] == 0, dict(ctx.kernel_ops)
 
 
 def test_dynamic_gpt2_graph_reinfers_to_what_dynamo_recorded():
@@ -322,6 +335,23 @@ def test_dynamic_gpt2_graph_reinfers_to_what_dynamo_recorded():
     gm, _, _ = _capture(lambda x: model(x).last_hidden_state, ids, dynamic_dims=[(ids, 0), (ids, 1)])
     graph = from_fx(gm)
     infer_graph(graph, check=True, strict=True)
+
+
+def test_dynamic_t5_encoder_decoder_graph_reinfers_to_what_dynamo_recorded():
+    model = models.t5()
+    ids = models.token_batch(2, 8)
+    gm, _, _ = _capture(lambda x: model(input_ids=x, decoder_input_ids=x).last_hidden_state, ids,
+                        dynamic_dims=[(ids, 0), (ids, 1)])
+    graph = from_fx(gm)
+    infer_graph(graph, check=True, strict=True)
+
+
+def test_equalities_from_guards_simplify():
+    ctx = ShapeContext(symbols(), equalities={S1: 2 * S0})
+    cat = infer_meta(aten.cat.default, ([T(S0, 4), T(S0, 4)], 0), {}, ctx)
+    added = infer_meta(aten.add.Tensor, (cat, T(S1, 4)), {}, ctx)
+    assert added.shape == (2 * S0, 4)
+    assert ctx.equal(S1, S0 + S0) is True and ctx.simplify(sympy.Eq(S1, 1)) == sympy.false
 
 
 def test_check_reports_a_wrong_recorded_meta():
@@ -341,6 +371,15 @@ def test_substituted_bert_graph_folds_to_static_and_matches_eager():
     by_name = {s.name: s for s in graph.symbols}
     batch_sym = next(s for s in graph.symbols if graph.symbols[s].scalar_input_index == 0)
     seq_sym = next(s for s in graph.symbols if s is not batch_sym)
+    # Sizes 1 work although Dynamo assumed sizes >= 2 while tracing (batch 1 is the common case).
+    for batch, seq in [(1, 16), (3, 1)]:
+        static = substitute(graph, {batch_sym: batch, seq_sym: seq})
+        fold_shape_computations(static)
+        assert static.is_static()
+        x = models.token_batch(batch, seq, seed=2)
+        out = _run(static, [batch, seq, x] + inputs[3:])
+        with torch.no_grad():
+            torch.testing.assert_close(out[0], model(x).last_hidden_state, rtol=1e-4, atol=1e-4)
     static = substitute(graph, {batch_sym: 4, seq_sym.name: 32})  # by symbol and by name
     assert graph.free_symbols() == set(by_name.values())  # the original is untouched
     folded = fold_shape_computations(static)
@@ -537,6 +576,20 @@ def test_while_loop_from_torch_compile_goes_through():
     fold_shape_computations(static)
     assert static.is_static()
     torch.testing.assert_close(_run(static, inputs)[1], out[1])
+
+
+def test_cond_from_torch_compile_goes_through():
+    def fn(x):
+        return torch.cond(x.sum() > 0, lambda x: (x.sin(),), lambda x: (x.cos() * 2,), (x,))
+
+    x = torch.randn(5, 3)
+    gm, inputs, out = _capture(fn, x, dynamic_dims=[(x, 0)])
+    graph = from_fx(gm)
+    infer_graph(graph, check=True, strict=True)
+    static = substitute(graph, {next(iter(graph.symbols)): 5})
+    fold_shape_computations(static)
+    assert static.is_static()
+    torch.testing.assert_close(_run(static, inputs)[0], fn(x)[0])
 
 
 def test_cond_merges_branch_shapes():

@@ -9,6 +9,7 @@ products and sums sizes are made of.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 
@@ -56,6 +57,9 @@ class ShapeContext:
         self.symbols: dict[sympy.Symbol, SymbolInfo] = symbols if symbols is not None else {}
         self.equalities: dict[sympy.Symbol, sympy.Expr] = dict(equalities or {})
         self._kernel_runner = None  # created on first use: building a ShapeEnv costs time
+        # How each op's meta was found ("rule", "kernel", ...) and which ops needed the kernel.
+        self.stats: collections.Counter = collections.Counter()
+        self.kernel_ops: collections.Counter = collections.Counter()
 
     # -- facts -------------------------------------------------------------------------------
     def range_of(self, s: sympy.Symbol) -> tuple[int, int | None]:

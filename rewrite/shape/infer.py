@@ -54,25 +54,36 @@ def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool = Tru
     if target is operator.getitem:
         container, index = args
         if isinstance(container, (tuple, list)):
+            ctx.stats["getitem"] += 1
             return container[index]
         raise ShapeInferenceError(f"getitem: expects a multi-output value, got {container}")
     if isinstance(target, torch._ops.HigherOrderOperator):
         from .control_flow import infer_higher_order
 
+        ctx.stats["control flow"] += 1
         return infer_higher_order(target, args, kwargs, ctx)
     if _has_unknown_rank((args, kwargs)):
+        ctx.stats["unknown rank"] += 1
         return _unknown_rank_meta(target, args, kwargs, ctx)
     if use_rules:
         try:
             if target in SCALAR_RULES:
-                return SCALAR_RULES[target](ctx, args)
+                meta = SCALAR_RULES[target](ctx, args)
+                ctx.stats["rule"] += 1
+                return meta
             rule = RULES.get(target)
             if rule is not None:
-                return simplify_meta(rule(ctx, bind(target, args, kwargs), op), ctx)
+                meta = simplify_meta(rule(ctx, bind(target, args, kwargs), op), ctx)
+                ctx.stats["rule"] += 1
+                return meta
             if is_elementwise(target):
-                return simplify_meta(elementwise(ctx, target, args, kwargs), ctx)
+                meta = simplify_meta(elementwise(ctx, target, args, kwargs), ctx)
+                ctx.stats["rule"] += 1
+                return meta
         except NoRule:
             pass
+    ctx.stats["kernel"] += 1
+    ctx.kernel_ops[op] += 1
     try:
         return ctx.kernels.run(target, args, kwargs)
     except ShapeInferenceError:

@@ -550,6 +550,60 @@ def scalar_tensor(ctx, a, op):
     return TensorMeta(_factory_dtype(a), (), _factory_device(a))
 
 
+def arange(ctx, a, op):
+    start = getattr(a, "start", 0)
+    step = getattr(a, "step", 1)
+    values = [v.expr if isinstance(v, SymMeta) else v for v in (start, a.end, step)]
+    is_float = any(isinstance(v, float) or (isinstance(v, SymMeta) and v.pytype is float)
+                   for v in (start, a.end, step))
+    start_e, end_e, step_e = (to_expr(v) for v in values)
+    if not step_e.is_Number or step_e == 0:
+        raise NoRule
+    if is_float:
+        length = sympy.ceiling((end_e - start_e) / step_e)
+    elif step_e > 0:
+        length = FloorDiv(end_e - start_e + step_e - 1, step_e) if step_e != 1 else end_e - start_e
+    else:
+        length = FloorDiv(start_e - end_e - step_e - 1, -step_e)
+    length = ctx.simplify(sympy.Max(length, 0))
+    dtype = getattr(a, "dtype", None) or (torch.get_default_dtype() if is_float else torch.int64)
+    return TensorMeta(dtype, (length,), _factory_device(a))
+
+
+def split_with_sizes(ctx, a, op):
+    x = a.self
+    d = norm_dim(a.dim, x.rank, op)
+    parts = sizes(a.split_sizes)
+    if ctx.equal(sum(parts, sympy.Integer(0)), x.shape[d]) is False:
+        raise ShapeInferenceError(f"{op}: split sizes {list(parts)} do not add up to size {x.shape[d]} of dimension {d}")
+    return tuple(same(x, x.shape[:d] + (p,) + x.shape[d + 1:]) for p in parts)
+
+
+def split(ctx, a, op):
+    x = a.self
+    d = norm_dim(a.dim, x.rank, op)
+    n, chunk = x.shape[d], size(a.split_size)
+    if not (to_expr(n).is_Integer and chunk.is_Integer) or chunk <= 0:
+        raise NoRule  # the number of outputs depends on a symbolic size
+    n, chunk = int(n), int(chunk)
+    count = max(1, -(-n // chunk))
+    return tuple(same(x, x.shape[:d] + (sympy.Integer(min(chunk, n - i * chunk)),) + x.shape[d + 1:])
+                 for i in range(count))
+
+
+def sdpa(ctx, a, op):
+    """Attention output: the query's shape with the value's last size."""
+    q, v = a.query, a.value
+    return same(q, q.shape[:-1] + v.shape[-1:])
+
+
+def sdpa_flash_cpu(ctx, a, op):
+    """(output, logsumexp): logsumexp is float32 per (batch, head, query position)."""
+    q, v = a.query, a.value
+    out = same(q, q.shape[:-1] + v.shape[-1:])
+    return out, TensorMeta(torch.float32, q.shape[:-1], q.device)
+
+
 # -- sizes read off tensors ------------------------------------------------------------------
 
 def sym_size(ctx, a, op):
@@ -615,6 +669,11 @@ RULES = _table(
     (_ops("zeros.default", "ones.default", "empty.memory_format", "rand.default", "randn.default"), factory),
     (_ops("new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default"), new_factory),
     (_ops("scalar_tensor.default"), scalar_tensor),
+    (_ops("arange.default", "arange.start", "arange.start_step"), arange),
+    (_ops("split_with_sizes.default", "split_with_sizes_copy.default"), split_with_sizes),
+    (_ops("split.Tensor", "split_copy.Tensor"), split),
+    (_ops("scaled_dot_product_attention.default"), sdpa),
+    (_ops("_scaled_dot_product_flash_attention_for_cpu.default"), sdpa_flash_cpu),
     (_ops("sym_size.int"), sym_size),
     (_ops("sym_numel.default"), sym_numel),
 )
