@@ -146,7 +146,7 @@ def main():
     case("seed model 1000x1000 fp32", Seed(False), Seed(True), seed_args)
     # Per-call cost of the hand-offs between threads, on a graph too small to gain anything.
     case("seed model 16x16 (overhead)", Seed(False), Seed(True), [torch.randn(16, 16) for _ in range(4)], inner=50)
-    for n, depth, inner in ((128, 8, 10), (256, 4, 5), (512, 2, 2), (1024, 1, 1)):
+    for n, depth, inner in ((64, 16, 20), (128, 8, 10), (256, 4, 5), (512, 2, 2), (1024, 1, 1)):
         x = torch.randn(n, n)
         case(f"2 branches, {depth}x matmul {n}x{n}", Branches(n, depth, False).eval(),
              Branches(n, depth, True).eval(), (x,), inner=inner)
