@@ -255,6 +255,15 @@ def test_hand_rules_cover_ops_whose_meta_kernel_is_not_symbolic():
         infer_meta(aten.addmm.default, (T(64), T(S0, 64), T(64, 256)), {}, symbols())
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 10), start=st.one_of(st.none(), st.integers(-12, 12)),
+       end=st.one_of(st.none(), st.integers(-12, 12), st.just(9223372036854775807)), step=st.integers(1, 3))
+def test_slice_bounds_match_real_slicing(n, start, end, step):
+    x = torch.zeros(n, 2)
+    meta = infer_meta(aten.slice.Tensor, (T(n, 2), 0, start, end, step), {}, symbols())
+    assert meta.shape == tuple(aten.slice.Tensor(x, 0, start, end, step).shape)
+
+
 def test_ops_without_rules_go_to_meta_kernels_symbolically():
     ctx = ShapeContext(symbols())
     assert infer_meta(aten.repeat.default, (T(S0, S1), [2, 1, 3]), {}, ctx).shape == (2, S0, 3 * S1)

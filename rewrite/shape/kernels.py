@@ -174,5 +174,32 @@ def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
             return type(x)(lift(v) for v in x)
         return x
 
-    kwargs = {k: lift(v) for k, v in kwargs.items()}
-    return target(*lift(tuple(args)), **kwargs)
+    key = _probe_key(target, args, kwargs, unknown_rank)
+    if key is not None and key in _probe_cache:
+        return _probe_cache[key]
+    out = target(*lift(tuple(args)), **{k: lift(v) for k, v in kwargs.items()})
+    if key is not None and len(_probe_cache) < 4096:
+        _probe_cache[key] = out
+    return out
+
+
+_probe_cache: dict = {}
+
+
+def _probe_key(target, args, kwargs, unknown_rank):
+    """What a dtype probe depends on (dtypes, rank 0 or not, scalar types), or None if unhashable."""
+    def part(x):
+        if isinstance(x, TensorMeta):
+            return ("T", x.dtype, x.shape if unknown_rank is not None else (x.shape is not None and len(x.shape) == 0))
+        if isinstance(x, SymMeta):
+            return ("S", x.pytype, x.expr if unknown_rank is not None else None)
+        if isinstance(x, (tuple, list)):
+            return (type(x).__name__,) + tuple(part(v) for v in x)
+        return ("V", type(x).__name__, x)
+
+    key = (target, unknown_rank, part(tuple(args)), tuple(sorted((k, part(v)) for k, v in kwargs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key

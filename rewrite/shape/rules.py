@@ -99,6 +99,10 @@ def same(x: TensorMeta, shape=None, dtype=None, device=None) -> TensorMeta:
 
 def exact_div(ctx: ShapeContext, num, den) -> sympy.Expr:
     """``num / den`` for sizes known to divide (view's -1): a clean quotient when sympy finds one."""
+    if num.is_Integer and den.is_Integer:
+        if num % den:
+            raise ShapeInferenceError(f"cannot split {num} elements into rows of {den}")
+        return sympy.Integer(num // den)
     q = sympy.cancel(num / den)
     if sympy.fraction(q)[1] == 1:
         return ctx.simplify(sympy.expand(q))
@@ -260,9 +264,12 @@ def unsqueeze(ctx, a, op):
 
 def squeeze(ctx, a, op):
     x = a.self
-    dims = norm_dims(getattr(a, "dim", None), x.rank, op) if hasattr(a, "dim") else list(range(x.rank))
-    if hasattr(a, "dims"):
+    if hasattr(a, "dims"):  # squeeze.dims
         dims = norm_dims(a.dims, x.rank, op)
+    elif hasattr(a, "dim"):  # squeeze.dim
+        dims = norm_dims(a.dim, x.rank, op)
+    else:  # squeeze.default: every size-1 dimension
+        dims = list(range(x.rank))
     out = []
     for i, s in enumerate(x.shape):
         if i in dims:
@@ -286,7 +293,7 @@ def cat(ctx, a, op):
             raise ShapeInferenceError(f"{op}: tensors have ranks {first.rank} and {t_.rank}; cat needs equal ranks")
     shape = list(first.shape)
     shape[d] = ctx.simplify(sum((t_.shape[d] for t_ in tensors), sympy.Integer(0)))
-    dtype = torch.promote_types(first.dtype, first.dtype)
+    dtype = first.dtype
     for t_ in tensors[1:]:
         dtype = torch.promote_types(dtype, t_.dtype)
     return same(first, shape, dtype=dtype)
