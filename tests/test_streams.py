@@ -456,6 +456,26 @@ def test_auto_streams_leaves_a_chain_on_one_stream():
     assert "streams" not in _applied(backend)
 
 
+def test_auto_streams_forced_split_of_a_real_model_matches_eager(monkeypatch):
+    """With the cost model told that syncs are free and any split pays, BERT's graph is cut across
+    streams in many places; every call must still give eager's result."""
+    from rewrite import models
+    from rewrite.exec import auto_streams
+
+    monkeypatch.setattr(auto_streams, "MIN_GAIN", 100.0)
+    monkeypatch.setattr(auto_streams, "SYNC_S", 0.0)
+    config = rewrite.CompilerConfig()
+    config.exec.auto_streams = True
+    model = models.bert()
+    compiled, backend = _compile(model, config)
+    ids = models.token_batch(2, 16)
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+        for _ in range(20):
+            torch.testing.assert_close(compiled(ids).last_hidden_state, want, rtol=1e-4, atol=1e-4)
+    assert _applied(backend)["streams"] >= 2 and _applied(backend)["stream_syncs"] >= 4
+
+
 def test_inductor_kernels_keep_working_with_scopes():
     config = rewrite.CompilerConfig()
     config.exec.kernels = "inductor"
