@@ -101,7 +101,11 @@ class DebugConfig(_Section):
 
 
 class InferenceConfig(_Section):
+    # How set_dim_gears lists combine (within a tensor, then across tensors): position by position
+    # ("zip", equal lengths) or every combination ("product"). At most 100 gears in total.
     dynamic_gears_merge_policy = _Choice("zip", ("zip", "product"))
+    # A shape that is no gear: raise ("error"), pad up to the smallest larger gear when the graph
+    # provably keeps that dimension's rows independent ("pad"), or run the symbolic graph ("dynamic").
     gear_fallback = _Choice("error", ("error", "pad", "dynamic"))
 
 

@@ -251,6 +251,31 @@ def test_dynamic_fallback_runs_the_symbolic_graph():
     assert unique_graphs() == 1
 
 
+class BranchOnBatch(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 if x.shape[0] > 3 else x * 3
+
+
+def test_gears_the_trace_contradicts_are_left_out_and_traced_separately():
+    # Tracing at batch 4 records the guard s > 3: gear 2 cannot use that graph.
+    model = BranchOnBatch()
+    fn, backend = _compile(model)
+    x = torch.randn(4, 3)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    counters.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), x * 2)
+        x8 = torch.randn(8, 3)
+        torch.testing.assert_close(fn(x8), x8 * 2)
+        assert unique_graphs() == 1
+        first = backend.report.graphs[0]
+        assert sorted(first.gears) == [(4,), (8,)]
+        assert any("gear (2,) left out" in n for n in first.notes)
+        x2 = torch.randn(2, 3)
+        torch.testing.assert_close(fn(x2), x2 * 3)  # Dynamo's guard fails: a second trace serves it
+    assert unique_graphs() == 2
+
+
 # -- padding -------------------------------------------------------------------------------------
 
 def test_pad_fallback_pads_to_the_smallest_larger_gear_and_slices_back(caplog):
