@@ -249,6 +249,30 @@ def test_stress_1000_calls_no_wrong_result_no_deadlock_no_leaked_thread():
     assert threading.active_count() == baseline
 
 
+def test_concurrent_callers_do_not_share_workers_or_deadlock():
+    g, _ = _two_stream_graph()
+    fn = build_executable(g, rewrite.CompilerConfig())
+    gen = torch.Generator().manual_seed(3)
+    cases = [(torch.randn(32, 32, generator=gen), torch.randn(32, 32, generator=gen)) for _ in range(4)]
+    wants = [x @ w + torch.relu(x) * 2 for x, w in cases]
+    errors = []
+
+    def caller(k):
+        try:
+            for _ in range(100):
+                torch.testing.assert_close(fn(*cases[k])[0], wants[k])
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "deadlock between concurrent calls"
+    assert not errors, errors[0]
+
+
 def test_worker_exception_propagates_to_the_caller_and_the_pool_recovers():
     g, _ = _two_stream_graph()
     fn = build_executable(g, rewrite.CompilerConfig())

@@ -12,6 +12,10 @@ ATen kernels), with synchronisation only where the `StreamPlan` asks for it:
   a ``threading.Event`` in ``E``; the reader blocks on the event (no busy waiting);
 * ``wait_for`` edges are events without a value.
 
+Memory: a value that crosses streams stays in its slot until the call returns (a value read only
+on its own stream is dropped after its last reader, as in `codegen`); on CPU nothing else can
+reuse its memory early, so there is no cross-thread use-after-free to guard against.
+
 A failure on any stream is recorded in the call's `_Frame`, wakes every waiting stream (they stop
 with `_Aborted`), and is re-raised in the caller once every worker has finished. A wait that takes
 longer than ``config.exec.stream_timeout_s`` fails the call the same way instead of hanging.
