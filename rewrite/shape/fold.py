@@ -70,11 +70,13 @@ def fold_shape_computations(graph: Graph, symbols=None) -> int:
 
 def _fold_once(graph: Graph) -> int:
     users = graph.users()
+    # A node another one waits for (stream scopes) keeps its identity: the wait names it.
+    waited = {w.id for n in graph.nodes for w in n.attrs.get("wait_for", ()) if isinstance(w, Node)}
     folded = 0
     for node in list(graph.nodes):
         for sub in _subgraphs((node.args, node.kwargs)):
             folded += _fold_once(sub)
-        if node.kind not in ("call", "placeholder"):
+        if node.kind not in ("call", "placeholder") or node.id in waited:
             continue
         value = known_value(node.meta)
         if value is None or (node.kind == "call" and is_side_effect(node)):
