@@ -30,7 +30,7 @@ from .ir import Graph, Node
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["stream_switch", "wait_tensor", "annotate_streams", "has_stream_scopes", "StreamScopeError"]
+__all__ = ["stream_switch", "wait_tensor", "annotate_streams", "StreamScopeError"]
 
 
 class StreamScopeError(CompileError):
@@ -119,11 +119,6 @@ def wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
 
 
 # -- the pass: markers -> node attributes ------------------------------------------------------
-
-
-def has_stream_scopes(graph: Graph) -> bool:
-    """Whether any node carries a stream tag or a wait (after `annotate_streams`)."""
-    return any(n.attrs.get("stream") is not None or n.attrs.get("wait_for") for n in graph.nodes)
 
 
 def _has_markers(graph: Graph) -> bool:
