@@ -63,6 +63,7 @@ CASES = [
     ("slice_neg_start", aten.slice.Tensor, (T(10, 4), 0, -3), {}),
     ("slice_step", aten.slice.Tensor, (T(10, 4), 0, 1, 8, 3), {}),
     ("slice_static_clamp", aten.slice.Tensor, (T(5, 4), 0, 2, 100), {}),
+    ("pad", aten.constant_pad_nd.default, (T(3, 4, 5), [1, 2, -1, 0]), {"value": 0.5}),
     ("select", aten.select.int, (T(S0, S1, 64), 1, 0), {}),
     ("select_neg", aten.select.int, (T(4, 5), -1, -1), {}),
     ("index_select", aten.index_select.default, (T(S0, 64), 0, T(S1, dtype=i64)), {}),
@@ -274,12 +275,25 @@ def test_ops_without_rules_go_to_meta_kernels_symbolically():
     assert [p.shape for p in parts] == [(S0, 3), (S0, 7)]
 
 
+@torch.library.custom_op("rewrite_test::first_rows", mutates_args=())
+def _first_rows(x: torch.Tensor) -> torch.Tensor:
+    return x[: x.shape[0] // 2].clone()
+
+
+@_first_rows.register_fake
+def _(x):
+    return x.new_empty(int(x.shape[0]) // 2, x.shape[1])  # int() fixes the size to its example value
+
+
 def test_meta_kernel_that_specializes_a_symbol_is_an_error_not_a_wrong_shape():
-    # This build's constant_pad_nd kernel calls int() on the sizes: its shape holds for one value only.
-    with pytest.raises(ShapeInferenceError, match=r"constant_pad_nd.*only works when s\d == \d+"):
-        infer_meta(aten.constant_pad_nd.default, (T(S0, S1), [1, 2]), {}, symbols())
-    static = infer_meta(aten.constant_pad_nd.default, (T(3, 4), [1, 2]), {}, symbols())
-    assert static == T(3, 7)
+    op = torch.ops.rewrite_test.first_rows.default
+    with pytest.raises(ShapeInferenceError, match=r"first_rows.*only works when s0 == \d+"):
+        infer_meta(op, (T(S0, S1),), {}, symbols())
+    assert infer_meta(op, (T(6, S1),), {}, symbols()) == T(3, S1)
+    # constant_pad_nd's kernel specializes like that in this torch build; its hand rule does not.
+    assert infer_meta(aten.constant_pad_nd.default, (T(S0, S1), [1, 2]), {}, symbols()) == T(S0, S1 + 3)
+    with pytest.raises(ShapeInferenceError, match="constant_pad_nd.*only works when"):
+        infer_meta(aten.constant_pad_nd.default, (T(S0, S1), [1, 2]), {}, symbols(), use_rules=False)
 
 
 @pytest.mark.parametrize("op,args,message", [

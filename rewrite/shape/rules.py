@@ -302,6 +302,19 @@ def cat(ctx, a, op):
 _END_SENTINEL = 2 ** 62
 
 
+def constant_pad_nd(ctx, a, op):
+    """``pad`` holds (before, after) pairs starting from the last dimension; pads may be negative."""
+    x = a.self
+    pad = sizes(a.pad)
+    if len(pad) % 2 or len(pad) // 2 > x.rank:
+        raise ShapeInferenceError(f"{op}: pad {list(pad)} must hold (before, after) pairs for at most {x.rank} dimensions")
+    shape = list(x.shape)
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        shape[d] = ctx.simplify(shape[d] + pad[2 * i] + pad[2 * i + 1])
+    return same(x, shape)
+
+
 def _clamp_index(ctx, i, n, default):
     """Python-style slice bound: None -> default, negative literals wrap, clamp into [0, n]."""
     if i is None:
@@ -651,6 +664,7 @@ RULES = _table(
     (_ops("squeeze.dim", "squeeze.dims", "squeeze.default", "squeeze_copy.dim", "squeeze_copy.dims"), squeeze),
     (_ops("cat.default"), cat),
     (_ops("slice.Tensor", "slice_copy.Tensor"), slice_),
+    (_ops("constant_pad_nd.default"), constant_pad_nd),
     (_ops("select.int", "select_copy.int"), select),
     (_ops("index_select.default"), index_select),
     (_ops("gather.default"), gather),
