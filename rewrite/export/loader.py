@@ -64,8 +64,9 @@ class ExportedModel:
     """A loaded export: call it like the model (same arguments, same shape of result)."""
 
     def __init__(self, program: dict, weights: WeightReader, config: CompilerConfig | None = None,
-                 group_names: dict | None = None):
+                 group_names: dict | None = None, use_gears: bool = True):
         self.program = program
+        self.use_gears = use_gears
         self.config = config if config is not None else CompilerConfig()
         self.report = GraphReport(f"load:{program.get('name')}")
         with self.report.stage("decode"):
@@ -92,7 +93,7 @@ class ExportedModel:
             return rexec.build_executable(g, self.config, self.report)
 
         gears = self.program.get("gears")
-        if gears:
+        if gears and self.use_gears:
             from .. import gears as rgears
 
             spec = decode_gears(gears, self.graph)
