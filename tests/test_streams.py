@@ -319,6 +319,22 @@ def test_multi_output_ops_views_and_input_mutation_across_streams():
     assert _applied(backend)["streams"] == 3
 
 
+def test_a_stuck_wait_fails_the_call_after_the_timeout_instead_of_hanging():
+    from rewrite.exec.stream_cpu import StreamTimeoutError
+
+    g = Graph("slow_producer")
+    big = TensorMeta(torch.float32, (sympy.Integer(1024), sympy.Integer(1024)))
+    x = g.placeholder("x", big)
+    a = g.call(aten.mm.default, (x, x), meta=big)  # default stream: far longer than the timeout
+    b = g.call(aten.relu.default, (a,), meta=big, attrs={"stream": "1"})  # waits for a
+    g.set_output((b,))
+    config = rewrite.CompilerConfig()
+    config.exec.stream_timeout_s = 1e-4
+    fn = build_executable(g, config)
+    with pytest.raises(StreamTimeoutError, match="stream_timeout_s"):
+        _run_with_timeout(lambda: fn(torch.randn(1024, 1024)), timeout=60)
+
+
 def test_stream_plan_waits_only_where_needed():
     g, (a, b, c, d) = _two_stream_graph()
     plan = plan_streams(g)
