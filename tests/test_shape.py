@@ -350,6 +350,10 @@ def test_dynamic_bert_graph_reinfers_to_what_dynamo_recorded():
     assert not graph.is_static()
     # Every op of this graph has a hand rule; none needed a FakeTensor.
     assert ctx.stats["rule"] > 80 and ctx.stats["kernel"] == 0, dict(ctx.kernel_ops)
+    # torch's meta kernels, asked for every op instead, agree with the hand rules on the whole graph.
+    kernels_only = ShapeContext(graph.symbols, use_rules=False)
+    infer_graph(graph, kernels_only, check=True, strict=True)
+    assert kernels_only.stats["rule"] == 0 and kernels_only.stats["kernel"] > 80
 
 
 def test_dynamic_gpt2_graph_reinfers_to_what_dynamo_recorded():

@@ -53,9 +53,11 @@ class ShapeContext:
     their sympy assumptions allow (``positive`` -> ``[1, oo)``, otherwise ``[0, oo)``).
     """
 
-    def __init__(self, symbols: dict | None = None, equalities: dict | None = None):
+    def __init__(self, symbols: dict | None = None, equalities: dict | None = None, use_rules: bool = True):
         self.symbols: dict[sympy.Symbol, SymbolInfo] = symbols if symbols is not None else {}
         self.equalities: dict[sympy.Symbol, sympy.Expr] = dict(equalities or {})
+        # False: every op asks its meta kernel (to compare the hand rules with torch on whole graphs).
+        self.use_rules = use_rules
         self._kernel_runner = None  # created on first use: building a ShapeEnv costs time
         # How each op's meta was found ("rule", "kernel", ...) and which ops needed the kernel.
         self.stats: collections.Counter = collections.Counter()

@@ -38,19 +38,22 @@ def simplify_meta(meta, ctx: ShapeContext):
     return meta
 
 
-def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool = True):
+def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool | None = None):
     """The meta of ``target(*args, **kwargs)``.
 
     ``args``/``kwargs`` are shaped like a Node's, with `TensorMeta`/`SymMeta` where the IR has
     Nodes and plain Python values elsewhere (subgraphs of control-flow ops are `Graph` objects).
     ``symbols``: a `ShapeContext` or a ``Graph.symbols`` dict (ranges used to simplify).
     Returns a TensorMeta, a SymMeta or a tuple of them (multi-output ops). ``use_rules=False``
-    skips the hand rules and asks the meta kernel (tests compare the two).
+    skips the hand rules and asks the meta kernel (tests compare the two); None: the context's
+    ``use_rules``.
     Raises `ShapeInferenceError` naming the op when the shape cannot be inferred.
     """
     ctx = ShapeContext.of(symbols)
     kwargs = dict(kwargs or {})
     op = describe_op(target)
+    if use_rules is None:
+        use_rules = ctx.use_rules
     if target is operator.getitem:
         container, index = args
         if isinstance(container, (tuple, list)):
