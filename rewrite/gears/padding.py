@@ -17,12 +17,11 @@ non-``INDEP`` value stops the proof with a reason naming the node, and padding i
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 import sympy
 import torch
 
-from ..ir import Graph, Node, SymMeta, TensorMeta, op_name
+from ..ir import SIZE_OPS, Graph, Node, SymMeta, TensorMeta
 
 __all__ = ["plan_padding", "row_states", "NotRowwise", "Row", "INDEP", "SYM", "Padder"]
 
@@ -401,47 +400,44 @@ def _size_arith(node, states, s):
     return SYM if isinstance(node.meta, SymMeta) and _has(node.meta.expr, s) else INDEP
 
 
-def _ops(*names):
-    return names
-
-
+# op name -> transfer function; ops not listed (and not pointwise) stop the proof.
 _TRANSFER = {}
 for _names, _fn in [
-    (_ops("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.view_copy.default"), _view),
-    (_ops("aten.expand.default",), _expand),
-    (_ops("aten.permute.default",), _permute),
-    (_ops("aten.transpose.int", "aten.t.default"), _transpose),
-    (_ops("aten.unsqueeze.default",), _unsqueeze),
-    (_ops("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"), _squeeze),
-    (_ops("aten.slice.Tensor",), _slice),
-    (_ops("aten.select.int",), _select),
-    (_ops("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten._to_copy.default",
+    (("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.view_copy.default"), _view),
+    (("aten.expand.default",), _expand),
+    (("aten.permute.default",), _permute),
+    (("aten.transpose.int", "aten.t.default"), _transpose),
+    (("aten.unsqueeze.default",), _unsqueeze),
+    (("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"), _squeeze),
+    (("aten.slice.Tensor",), _slice),
+    (("aten.select.int",), _select),
+    (("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten._to_copy.default",
           "aten.lift_fresh_copy.default", "aten.contiguous.default"), _identity),
-    (_ops("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default",
+    (("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default",
           "aten.any.dim", "aten.any.dims", "aten.all.dim", "aten.logsumexp.default", "aten.prod.dim_int",
           "aten.max.dim", "aten.min.dim", "aten.argmax.default", "aten.argmin.default"), _reduction(1, 2)),
-    (_ops("aten.var.correction", "aten.std.correction", "aten.var_mean.correction"), _reduction(1, 3)),
-    (_ops("aten.sum.default", "aten.mean.default", "aten.max.default", "aten.min.default"),
+    (("aten.var.correction", "aten.std.correction", "aten.var_mean.correction"), _reduction(1, 3)),
+    (("aten.sum.default", "aten.mean.default", "aten.max.default", "aten.min.default"),
      _reduction(99, None)),
-    (_ops("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int",
+    (("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int",
           "aten.cumsum.default", "aten.cumprod.default", "aten.sort.default"), _along_dim(1)),
-    (_ops("aten.native_layer_norm.default",), _layer_norm),
-    (_ops("aten.mm.default", "aten.addmm.default"), _mm),
-    (_ops("aten.bmm.default",), _bmm),
-    (_ops("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.scaled_dot_product_attention.default",
+    (("aten.native_layer_norm.default",), _layer_norm),
+    (("aten.mm.default", "aten.addmm.default"), _mm),
+    (("aten.bmm.default",), _bmm),
+    (("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.scaled_dot_product_attention.default",
           "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_flash_attention.default",
           "aten._scaled_dot_product_cudnn_attention.default"), _attention),
-    (_ops("aten.embedding.default",), _embedding),
-    (_ops("aten.index_select.default",), _index_select),
-    (_ops("aten.cat.default",), _cat),
-    (_ops("aten.split_with_sizes.default", "aten.split.Tensor", "aten.chunk.default"), _split),
-    (_ops("aten.arange.default", "aten.arange.start", "aten.arange.start_step", "aten.zeros.default",
+    (("aten.embedding.default",), _embedding),
+    (("aten.index_select.default",), _index_select),
+    (("aten.cat.default",), _cat),
+    (("aten.split_with_sizes.default", "aten.split.Tensor", "aten.chunk.default"), _split),
+    (("aten.arange.default", "aten.arange.start", "aten.arange.start_step", "aten.zeros.default",
           "aten.ones.default", "aten.full.default", "aten.empty.memory_format", "aten.new_zeros.default",
           "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default", "aten.zeros_like.default",
           "aten.ones_like.default", "aten.full_like.default", "aten.empty_like.default", "aten.scalar_tensor.default"),
      _factory),
-    (_ops("getitem",), _getitem),
-    (_ops("aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"), _size_arith),
+    (("getitem",), _getitem),
+    (("aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"), _size_arith),
 ]:
     for _n in _names:
         _TRANSFER[_n] = _fn
@@ -451,7 +447,7 @@ def _transfer_for(node: Node):
     name = node.op
     if name in _TRANSFER:
         return _TRANSFER[name]
-    if node.target in _SIZE_OPS:
+    if node.target in SIZE_OPS:
         return _size_arith
     t = node.target
     if isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags and not t._schema.is_mutable:
@@ -459,10 +455,6 @@ def _transfer_for(node: Node):
     if name in ("aten.where.self", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor"):
         return _pointwise
     return None
-
-
-_SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
-             operator.neg, operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge}
 
 
 def _map_states(obj, env):
