@@ -114,7 +114,7 @@ def run_contender(contender, model, name, scenario, repeat):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["minilm", "gpt2"], choices=["minilm", "gpt2"])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "minilm"], choices=["minilm", "gpt2"])
     parser.add_argument("--scenarios", nargs="+", default=["batch", "seq"], choices=list(SCENARIOS))
     parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
     parser.add_argument("--repeat", type=int, default=10)
@@ -122,37 +122,38 @@ def main():
     torch._inductor.config.fx_graph_cache = False
     torch._dynamo.config.cache_size_limit = 64
     results = {}  # (model, scenario, contender) -> dict
+    done = []  # (model, scenario) measured so far; figures are recorded after each, so a long run keeps them
     for name in opts.models:
         model = getattr(models, name)()
         for sc in opts.scenarios:
             for contender in opts.contenders:
                 print(f"[{name} / {sc}] {contender} ...", flush=True)
                 results[(name, sc, contender)] = run_contender(contender, model, name, SCENARIOS[sc], opts.repeat)
-    text = report(results, opts)
-    print(text)
-    plot(results, opts)
-    command = "python benchmarks/gears.py " + " ".join(sys.argv[1:])
-    record_section("gears", f"## Gear vs dynamic\n\n`{command.strip()}`\n\n{machine_line()}\n\n{text}\n\n"
-                            "![gears](gears.png)")
+            done.append((name, sc))
+            text = report(results, done, opts.contenders)
+            print(text, flush=True)
+            plot(results, done, opts.contenders)
+            command = "python benchmarks/gears.py " + " ".join(sys.argv[1:])
+            record_section("gears", f"## Gear vs dynamic\n\n`{command.strip()}`\n\n{machine_line()}\n\n"
+                                    f"{text}\n\n![gears](gears.png)")
 
 
-def report(results, opts) -> str:
+def report(results, done, contenders) -> str:
     parts = []
-    for name in opts.models:
-        for sc in opts.scenarios:
-            gears = SCENARIOS[sc]["gears"]
-            headers = ["contender", "compile s", "recompiles"] + [f"{g} ms" for g in gears]
-            rows = []
-            for c in opts.contenders:
-                r = results[(name, sc, c)]
-                rows.append([c, "-" if c == "eager" else f"{r['compile_s']:.1f}", r["recompiles"]]
-                            + [f"{r['latency'][g] * 1e3:.2f}" for g in gears])
-            parts.append(f"### {name}, {SCENARIOS[sc]['label']} gears {gears}\n\n" + markdown_table(headers, rows))
-            parts.append(verdict(results, name, sc, opts))
+    for name, sc in done:
+        gears = SCENARIOS[sc]["gears"]
+        headers = ["contender", "compile s", "recompiles"] + [f"{g} ms" for g in gears]
+        rows = []
+        for c in contenders:
+            r = results[(name, sc, c)]
+            rows.append([c, "-" if c == "eager" else f"{r['compile_s']:.1f}", r["recompiles"]]
+                        + [f"{r['latency'][g] * 1e3:.2f}" for g in gears])
+        parts.append(f"### {name}, {SCENARIOS[sc]['label']} gears {gears}\n\n" + markdown_table(headers, rows))
+        parts.append(verdict(results, name, sc))
     return "\n\n".join(p for p in parts if p)
 
 
-def verdict(results, name, sc, opts) -> str:
+def verdict(results, name, sc) -> str:
     """The issue's targets, checked against what was measured."""
     dyn = results.get((name, sc, "inductor dynamic"))
     if dyn is None:
@@ -170,18 +171,17 @@ def verdict(results, name, sc, opts) -> str:
     return "\n".join(lines)
 
 
-def plot(results, opts):
+def plot(results, combos, contenders):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    combos = [(m, s) for m in opts.models for s in opts.scenarios]
     fig, axes = plt.subplots(len(combos), 2, figsize=(12, 3.6 * len(combos)), squeeze=False)
     for row, (name, sc) in enumerate(combos):
         gears = SCENARIOS[sc]["gears"]
         ax = axes[row][0]
-        for c in opts.contenders:
+        for c in contenders:
             r = results[(name, sc, c)]
             ax.plot(gears, [r["latency"][g] * 1e3 for g in gears], marker="o", label=c)
         ax.set_xscale("log", base=2)
@@ -191,7 +191,7 @@ def plot(results, opts):
         ax.set_title(f"{name}: latency per shape")
         ax.legend(fontsize=7)
         ax = axes[row][1]
-        compiled = [c for c in opts.contenders if c != "eager"]
+        compiled = [c for c in contenders if c != "eager"]
         ax.bar(range(len(compiled)), [results[(name, sc, c)]["compile_s"] for c in compiled])
         ax.set_xticks(range(len(compiled)), [c.replace(" ", "\n", 1) for c in compiled], fontsize=7)
         ax.set_ylabel("total compile s")
