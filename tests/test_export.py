@@ -402,7 +402,7 @@ def test_minilm_static_and_geared_exports_match_eager_in_a_fresh_process(tmp_pat
     rewrite.dynamo_export(static_ids, model=model, export_path=str(tmp_path / "static"))
     save_cases(tmp_path / "static.safetensors", model, [(static_ids,), (token_batch(2, 16, vocab=1000, seed=1),)])
 
-    geared_ids = token_batch(2, 16, vocab=1000)
+    geared_ids = token_batch(4, 32, vocab=1000)  # the example call must itself be a gear
     rewrite.inference.set_dim_gears(geared_ids, dim_gears={0: [1, 4], 1: [8, 32]})
     rewrite.dynamo_export(geared_ids, model=model, export_path=str(tmp_path / "geared"), dynamic=True)
     graph_file = json.loads((tmp_path / "geared" / "export.json").read_text())
