@@ -132,6 +132,7 @@ CASES = [
     ("mul_sizes", operator.mul, (I(S0), I(S1)), {}),
     ("floordiv_sizes", operator.floordiv, (I(S0 * 64), 16), {}),
     ("lt_sizes", operator.lt, (I(S0), 1), {}),
+    ("sym_sum", torch.sym_sum, ((I(S0), I(S1), 1),), {}),
 ]
 
 
@@ -379,6 +380,28 @@ def test_equalities_from_guards_simplify():
     added = infer_meta(aten.add.Tensor, (cat, T(S1, 4)), {}, ctx)
     assert added.shape == (2 * S0, 4)
     assert ctx.equal(S1, S0 + S0) is True and ctx.simplify(sympy.Eq(S1, 1)) == sympy.false
+
+
+def test_data_dependent_sizes_keep_their_recorded_symbols():
+    def fn(x):
+        rows = torch.nonzero(x > 0)
+        n = (x > 0).sum().item()
+        return rows * 2, torch.zeros(n + 1)
+
+    x = torch.randn(6, 3)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True):
+        gm, _, _ = _capture(fn, x, dynamic_dims=[(x, 0)])
+    graph = from_fx(gm)
+    recorded = set(graph.symbols)
+    for _ in range(2):  # idempotent: no new symbols, the recorded u0/u1 stay
+        infer_graph(graph, check=True, strict=True)
+    assert set(graph.symbols) == recorded and any(s.name.startswith("u") for s in recorded)
+    # A new nonzero (no recorded meta) gets a fresh symbol, never torch's per-ShapeEnv "u0".
+    ctx = ShapeContext(graph.symbols)
+    fresh = infer_meta(aten.nonzero.default, (T(4, 3, dtype=torch.bool),), {}, ctx)
+    assert fresh.shape[1] == 2 and fresh.shape[0] not in recorded and fresh.shape[0] in graph.symbols
+    value = infer_meta(aten._local_scalar_dense.default, (T(dtype=i64),), {}, ctx)
+    assert value.expr not in recorded and value.expr != fresh.shape[0]
 
 
 def test_check_reports_a_wrong_recorded_meta():

@@ -62,6 +62,8 @@ class ShapeContext:
         # How each op's meta was found ("rule", "kernel", ...) and which ops needed the kernel.
         self.stats: collections.Counter = collections.Counter()
         self.kernel_ops: collections.Counter = collections.Counter()
+        # Symbols minted for sizes only the data knows (nonzero, item): see KernelRunner.
+        self.data_dependent: list[sympy.Symbol] = []
 
     # -- facts -------------------------------------------------------------------------------
     def range_of(self, s: sympy.Symbol) -> tuple[int, int | None]:
@@ -170,13 +172,14 @@ class ShapeContext:
         return self.named_symbol(name, lower, upper)
 
     def named_symbol(self, name: str, lower: int = 0, upper: int | None = None) -> sympy.Symbol:
-        """The size symbol called ``name`` (made and registered on first use).
+        """The size symbol called ``name`` (made and registered on first use). A negative
+        ``lower`` makes a plain integer symbol (an ``item()`` value), otherwise a non-negative one.
 
         Names start with ``s`` so torch's ShapeEnv treats them as ordinary size symbols. A name
         derived from where the size comes from (a loop body and carried position) makes
         re-inference find the same symbol again instead of minting a new one every time.
         """
-        s = sympy.Symbol(name, integer=True, nonnegative=True)
+        s = sympy.Symbol(name, integer=True, nonnegative=True) if lower >= 0 else sympy.Symbol(name, integer=True)
         if s not in self.symbols:
             self.symbols[s] = SymbolInfo(None, None, lower=lower, upper=upper)
             log.debug("shape: new symbol %s in [%s, %s]", s, lower, upper)

@@ -203,8 +203,15 @@ def infer_graph(graph: Graph, symbols=None, *, check: bool = False, strict: bool
             continue
         args = map_nodes(node.args, _arg_meta)
         kwargs = map_nodes(node.kwargs, _arg_meta)
+        minted = len(ctx.data_dependent)
         try:
             meta = infer_meta(node.target, args, kwargs, ctx)
+            if len(ctx.data_dependent) > minted and node.meta is not None:
+                # A data-dependent size: the recorded symbol is the one readers and the runtime use.
+                for s in ctx.data_dependent[minted:]:
+                    ctx.symbols.pop(s, None)
+                del ctx.data_dependent[minted:]
+                continue
         except ShapeInferenceError as e:
             if strict or node.meta is None:
                 raise ShapeInferenceError(f"node {node} in graph {graph.name}: {e}") from e

@@ -24,6 +24,7 @@ log = logging.getLogger("rewrite")
 
 __all__ = ["KernelRunner", "probe_dtype", "describe_op"]
 
+_MIN_INT = -(2 ** 63)
 _PRIMES = [p for p in range(11, 2000) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
 
 
@@ -108,7 +109,24 @@ class KernelRunner:
             fake_args, fake_kwargs = lift(args), lift(kwargs)
             out = target(*fake_args, **fake_kwargs)
         self._check_no_specialization(target, before)
-        return self._metas(out)
+        return self._rename_data_dependent(self._metas(out))
+
+    def _rename_data_dependent(self, metas):
+        """Sizes only the data knows (``nonzero``, ``item``) come out as torch's ``u0, u1...``; those
+        names are per ShapeEnv and would collide with the graph's own. They get fresh graph symbols."""
+        new = {s for s in _free_symbols(metas) if s not in self.hints}
+        if not new:
+            return metas
+        renames = {}
+        for s in sorted(new, key=str):
+            r = self.shape_env.var_to_range.get(s)
+            lower = r.lower if r is not None else 0
+            # item() may be negative; a data-dependent size (nonzero) is not.
+            lower = int(lower) if getattr(lower, "is_Integer", False) or isinstance(lower, int) else _MIN_INT
+            fresh = self.ctx.fresh_symbol(lower=lower)
+            self.ctx.data_dependent.append(fresh)
+            renames[s] = fresh
+        return _xreplace(metas, renames)
 
     def _check_no_specialization(self, target, before) -> None:
         """A kernel that fixed one of our symbols to its example value would give a wrong shape."""
@@ -139,6 +157,26 @@ class KernelRunner:
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.ctx.simplify(self.shape_env.simplify(v.node.expr))
         return to_expr(v)
+
+
+def _free_symbols(metas) -> set:
+    if isinstance(metas, TensorMeta):
+        return set().union(*(to_expr(d).free_symbols for d in metas.shape or ()))
+    if isinstance(metas, SymMeta):
+        return set(to_expr(metas.expr).free_symbols)
+    if isinstance(metas, (tuple, list)):
+        return set().union(*(_free_symbols(m) for m in metas))
+    return set()
+
+
+def _xreplace(metas, mapping):
+    if isinstance(metas, TensorMeta):
+        return TensorMeta(metas.dtype, tuple(to_expr(d).xreplace(mapping) for d in metas.shape), metas.device)
+    if isinstance(metas, SymMeta):
+        return SymMeta(to_expr(metas.expr).xreplace(mapping), metas.pytype)
+    if isinstance(metas, (tuple, list)):
+        return tuple(_xreplace(m, mapping) for m in metas)
+    return metas
 
 
 def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):

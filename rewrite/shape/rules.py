@@ -742,6 +742,7 @@ SCALAR_RULES = {
     operator.gt: _arith(sympy.Gt, bool),
     operator.ge: _arith(sympy.Ge, bool),
     torch.sym_max: _arith(sympy.Max),
+    torch.sym_sum: lambda ctx, args: _arith(lambda *xs: sympy.Add(*xs))(ctx, tuple(args[0])),
     torch.sym_min: _arith(sympy.Min),
     torch.sym_float: _arith(lambda a: a, float),
     torch.sym_int: _arith(lambda a: sympy.floor(a) if not a.is_integer else a, int),
