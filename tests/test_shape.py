@@ -510,6 +510,23 @@ def test_symbolic_chain_folds_only_what_is_known():
     assert out[0].shape == (6, 4)
 
 
+def test_folding_decides_runtime_shape_assertions():
+    g = Graph("asserts")
+    g.symbols = symbols()
+    x = g.placeholder("x", T(S0, 8))
+    n = g.call(aten.sym_size.int, (x, 0))
+    ok = g.call(operator.le, (n, 64))
+    g.call(aten._assert_scalar.default, (ok, "Runtime assertion failed for expression s0 <= 64"))
+    g.set_output((g.call(aten.relu.default, (x,)),))
+    fold_shape_computations(g)
+    assert any(nd.op == "aten._assert_scalar.default" for nd in g.nodes)  # undecided while s0 is free
+    fine = substitute(g, {"s0": 64})
+    fold_shape_computations(fine)
+    assert not any(nd.op == "aten._assert_scalar.default" for nd in fine.nodes)  # proven, dropped
+    with pytest.raises(ShapeInferenceError, match="shape assertion is false for these sizes: Runtime assertion failed for expression s0 <= 64"):
+        fold_shape_computations(substitute(g, {"s0": 65}))
+
+
 def test_dynamic_function_with_size_arithmetic_folds_per_value():
     def fn(x):
         b, s = x.shape[0], x.shape[1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 import sympy
+import torch
 
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, map_nodes
 from .context import ShapeContext, to_expr
@@ -63,6 +64,7 @@ def fold_shape_computations(graph: Graph, symbols=None) -> int:
         total += folded
         if not folded:
             break
+    _drop_proven_assertions(graph)
     if total:
         log.debug("shape: folded %d size computation(s) in graph %s", total, graph.name)
     return total
@@ -95,6 +97,15 @@ def _fold_once(graph: Graph) -> int:
             graph.remove(node)
         folded += 1
     return folded
+
+
+def _drop_proven_assertions(graph: Graph) -> None:
+    """Runtime shape assertions Dynamo left (``_assert_scalar``) that folding made ``True`` are
+    proven and go. (One made ``False`` already failed inference: the sizes substituted break a
+    fact the model relies on, such as a sequence longer than its position table.)"""
+    for node in list(graph.nodes):
+        if node.kind == "call" and node.target is torch.ops.aten._assert_scalar.default and node.args[0] is True:
+            graph.remove(node)
 
 
 def _subgraphs(obj):

@@ -635,6 +635,15 @@ def sym_numel(ctx, a, op):
     return SymMeta(ctx.simplify(prod(a.self.shape)), int)
 
 
+def assert_scalar(ctx, a, op):
+    """Dynamo's runtime shape assertions: no output; one that is decided false is an error now."""
+    cond = a.self
+    value = to_expr(cond.expr if isinstance(cond, SymMeta) else cond)
+    if value == sympy.false or (value.is_Number and value == 0):
+        raise ShapeInferenceError(f"a shape assertion is false for these sizes: {a.assert_msg}")
+    return None
+
+
 def _table(*pairs):
     table = {}
     for ops, rule in pairs:
@@ -695,6 +704,7 @@ RULES = _table(
     (_ops("split.Tensor", "split_copy.Tensor"), split),
     (_ops("scaled_dot_product_attention.default"), sdpa),
     (_ops("_scaled_dot_product_flash_attention_for_cpu.default"), sdpa_flash_cpu),
+    (_ops("_assert_scalar.default"), assert_scalar),
     (_ops("sym_size.int"), sym_size),
     (_ops("sym_numel.default"), sym_numel),
 )
