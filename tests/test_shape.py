@@ -300,6 +300,7 @@ def test_meta_kernel_that_specializes_a_symbol_is_an_error_not_a_wrong_shape():
 @pytest.mark.parametrize("op,args,message", [
     (aten.view.default, (T(S0, 64), [-1, -1]), "only one dimension can be -1"),
     (aten.view.default, (T(3, 5), [4, 4]), "invalid for a tensor of shape"),
+    (aten.view.default, (T(3, 5), [4, -1]), "15 elements do not divide into parts of 4"),
     (aten.mm.default, (T(S0, 64), T(32, 8)), "inner sizes differ"),
     (aten.permute.default, (T(2, 3), [0, 0]), "not a permutation"),
     (aten.sum.dim_IntList, (T(2, 3), [2]), "dimension 2 is out of range.*rank 2"),
@@ -608,8 +609,14 @@ def test_while_loop_with_changing_rank_gives_unknown_rank():
     assert flat.rank == 1 and isinstance(flat.shape[0], sympy.Symbol)
     unknown = infer_meta(aten.relu.default, (loop.meta[1],), {}, g.symbols)
     assert unknown.shape is None and unknown.dtype == f32
-    g.free_symbols()  # the IR tolerates unknown rank
-    str(g)
+    # In a graph, sizes minted after an unknown rank are named after their node: stable on re-inference.
+    last = g.call(operator.getitem, (loop, 1), before=g.output)
+    flat = g.call(aten.view.default, (last, [-1]), before=g.output)
+    infer_graph(g)
+    symbols_once = set(g.symbols)
+    infer_graph(g)
+    assert set(g.symbols) == symbols_once and flat.meta.shape[0].name == f"s_rank_{flat.name}_0"
+    assert "f32[*]" in str(g) and flat.meta.shape[0] in g.free_symbols()  # the IR tolerates unknown rank
 
 
 def test_while_loop_that_changes_dtype_is_an_error():

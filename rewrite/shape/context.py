@@ -64,6 +64,9 @@ class ShapeContext:
         self.kernel_ops: collections.Counter = collections.Counter()
         # Symbols minted for sizes only the data knows (nonzero, item): see KernelRunner.
         self.data_dependent: list[sympy.Symbol] = []
+        # Where inference is (graph and node name, set by infer_graph): sizes minted there get
+        # names derived from it, so inferring the same graph again finds the same symbols.
+        self.site: str | None = None
 
     # -- facts -------------------------------------------------------------------------------
     def range_of(self, s: sympy.Symbol) -> tuple[int, int | None]:
@@ -170,6 +173,12 @@ class ShapeContext:
         taken = {s.name for s in self.symbols} | {s.name for s in self.equalities}
         name = next(f"sw{k}" for k in itertools.count() if f"sw{k}" not in taken)
         return self.named_symbol(name, lower, upper)
+
+    def symbol_at_site(self, k: int, lower: int = 0) -> sympy.Symbol:
+        """The ``k``-th size minted at the current site (a fresh ``sw<n>`` when there is none)."""
+        if self.site is None:
+            return self.fresh_symbol(lower=lower)
+        return self.named_symbol(f"s_{self.site}_{k}", lower=lower)
 
     def named_symbol(self, name: str, lower: int = 0, upper: int | None = None) -> sympy.Symbol:
         """The size symbol called ``name`` (made and registered on first use). A negative

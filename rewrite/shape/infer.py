@@ -6,8 +6,10 @@ elementwise rule for pointwise ops) -> torch's meta kernel under a ShapeEnv (`ke
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
+import re
 
 import sympy
 import torch
@@ -130,19 +132,21 @@ def _unknown_rank_meta(target, args, kwargs, ctx: ShapeContext):
         first = next(iter(_tensor_metas((args, kwargs))))
         return TensorMeta(first.dtype, None, device)
 
+    minted = itertools.count()  # numbers the sizes minted here, for stable names
+
     def merge(outs):
         head = outs[0]
         if isinstance(head, torch.Tensor):
             ranks = {o.dim() for o in outs}
             if len(ranks) == 1:
-                return TensorMeta(head.dtype, tuple(ctx.fresh_symbol() for _ in range(head.dim())), device)
+                return TensorMeta(head.dtype, tuple(ctx.symbol_at_site(next(minted)) for _ in range(head.dim())), device)
             return TensorMeta(head.dtype, None, device)
         if isinstance(head, (tuple, list)):
             return tuple(merge([o[i] for o in outs]) for i in range(len(head)))
         if isinstance(head, bool):
-            return SymMeta(sympy.Ne(ctx.fresh_symbol(), 0), bool)  # a bool only the run knows
+            return SymMeta(sympy.Ne(ctx.symbol_at_site(next(minted)), 0), bool)  # a bool only the run knows
         if isinstance(head, int):
-            return SymMeta(ctx.fresh_symbol(), int)
+            return SymMeta(ctx.symbol_at_site(next(minted)), int)
         return meta_of_value(head)
 
     return merge(results)
@@ -204,6 +208,7 @@ def infer_graph(graph: Graph, symbols=None, *, check: bool = False, strict: bool
         args = map_nodes(node.args, _arg_meta)
         kwargs = map_nodes(node.kwargs, _arg_meta)
         minted = len(ctx.data_dependent)
+        outer_site, ctx.site = ctx.site, _site(graph, node)
         try:
             meta = infer_meta(node.target, args, kwargs, ctx)
             if len(ctx.data_dependent) > minted and node.meta is not None:
@@ -217,10 +222,16 @@ def infer_graph(graph: Graph, symbols=None, *, check: bool = False, strict: bool
                 raise ShapeInferenceError(f"node {node} in graph {graph.name}: {e}") from e
             log.debug("shape: node %s keeps its recorded meta %s: %s", node, node.meta, e)
             continue
+        finally:
+            ctx.site = outer_site
         if check and node.meta is not None and not metas_agree(meta, node.meta, ctx):
             raise ShapeMismatch(f"node {node} ({node.op}) in graph {graph.name}: inferred {_fmt(meta)}, "
                                 f"recorded {_fmt(node.meta)}")
         node.meta = meta
+
+
+def _site(graph: Graph, node: Node) -> str:
+    return re.sub(r"\W+", "_", f"{graph.name}_{node.name}").strip("_")
 
 
 def _fmt(meta) -> str:

@@ -29,7 +29,9 @@ _PRIMES = [p for p in range(11, 2000) if all(p % d for d in range(2, int(p ** 0.
 
 
 def describe_op(target) -> str:
-    return getattr(target, "__name__", None) if not isinstance(target, torch._ops.OpOverload) else str(target)
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", None) or repr(target)
 
 
 class KernelRunner:
@@ -123,7 +125,7 @@ class KernelRunner:
             lower = r.lower if r is not None else 0
             # item() may be negative; a data-dependent size (nonzero) is not.
             lower = int(lower) if getattr(lower, "is_Integer", False) or isinstance(lower, int) else _MIN_INT
-            fresh = self.ctx.fresh_symbol(lower=lower)
+            fresh = self.ctx.symbol_at_site(len(renames), lower=lower)
             self.ctx.data_dependent.append(fresh)
             renames[s] = fresh
         return _xreplace(metas, renames)

@@ -97,11 +97,11 @@ def same(x: TensorMeta, shape=None, dtype=None, device=None) -> TensorMeta:
     return TensorMeta(dtype or x.dtype, tuple(x.shape if shape is None else shape), device or x.device)
 
 
-def exact_div(ctx: ShapeContext, num, den) -> sympy.Expr:
+def exact_div(ctx: ShapeContext, num, den, op: str = "") -> sympy.Expr:
     """``num / den`` for sizes known to divide (view's -1): a clean quotient when sympy finds one."""
     if num.is_Integer and den.is_Integer:
         if num % den:
-            raise ShapeInferenceError(f"cannot split {num} elements into rows of {den}")
+            raise ShapeInferenceError(f"{op}: {num} elements do not divide into parts of {den} (the -1 size)")
         return sympy.Integer(num // den)
     q = sympy.cancel(num / den)
     if sympy.fraction(q)[1] == 1:
@@ -134,8 +134,11 @@ def _broadcast_pair(ctx: ShapeContext, a, b, op: str):
     a_not_1, b_not_1 = ctx.truth(sympy.Ne(a, 1)), ctx.truth(sympy.Ne(b, 1))
     if a_not_1 and b_not_1 and ctx.equal(a, b) is False:
         raise ShapeInferenceError(f"{op}: sizes {a} and {b} cannot be broadcast together (neither is 1)")
-    if a_not_1 and b_not_1:
-        return a  # both are not 1, so they must be equal; the first is as good a name as any
+    # A size that is not 1 is the result: the other one must be 1 or equal to it (torch guards the same).
+    if a_not_1:
+        return a
+    if b_not_1:
+        return b
     return ctx.simplify(sympy.Max(a, b))
 
 
@@ -200,7 +203,7 @@ def reshape(ctx, a: Args, op):
         known = prod(s for i, s in enumerate(new) if i != holes[0])
         if ctx.equal(known, 0) is True:
             raise ShapeInferenceError(f"{op}: cannot infer -1 in shape {new} for a tensor of {numel} elements")
-        new[holes[0]] = exact_div(ctx, numel, known)
+        new[holes[0]] = exact_div(ctx, numel, known, op)
     elif ctx.equal(prod(new), numel) is False:
         raise ShapeInferenceError(f"{op}: shape {new} is invalid for a tensor of shape {list(x.shape)} ({numel} elements)")
     return same(x, new)
@@ -299,9 +302,6 @@ def cat(ctx, a, op):
     return same(first, shape, dtype=dtype)
 
 
-_END_SENTINEL = 2 ** 62
-
-
 def constant_pad_nd(ctx, a, op):
     """``pad`` holds (before, after) pairs starting from the last dimension; pads may be negative."""
     x = a.self
@@ -313,6 +313,9 @@ def constant_pad_nd(ctx, a, op):
         d = x.rank - 1 - i
         shape[d] = ctx.simplify(shape[d] + pad[2 * i] + pad[2 * i + 1])
     return same(x, shape)
+
+
+_END_SENTINEL = 2 ** 62  # slice ends at or above this mean "to the end" (Python's x[a:])
 
 
 def _clamp_index(ctx, i, n, default):
