@@ -36,8 +36,9 @@ class Decoder:
 
     def call_parts(self, node: ENode) -> tuple[str, list[str], str]:
         """(op name, argument e-classes, stream string) of a Call e-node."""
-        op_cls, args_cls, stream_cls = node.children
-        return self.snap.string(op_cls), self.list_items(args_cls), self.snap.string(stream_cls)
+        op_cls, stream_cls = node.children[0], node.children[-1]
+        args = self.list_items(node.children[1]) if node.op == "CallN" else list(node.children[1:-1])
+        return self.snap.string(op_cls), args, self.snap.string(stream_cls)
 
     def literal(self, node: ENode, value_of) -> object:
         """Python value of a literal e-node; ``value_of(cls)`` decodes child classes."""
@@ -60,15 +61,16 @@ class Decoder:
         return None if key is None else self.tables.metas.get(key)
 
     # -- handles: egglog expressions naming an e-class ---------------------------------------
-    def handle(self, cls: str, depth: int = 0) -> str:
+    def handle(self, cls, depth: int = 0) -> str:
+        """An egglog expression that denotes e-class ``cls`` (to set analyses on new classes)."""
         if self._reverse_table is None:
             self._reverse_table = {}
             for k, c in self.snap.node_table.items():
                 self._reverse_table.setdefault(c, k)
+        if isinstance(cls, tuple) and cls and cls[0] == "prim":
+            return self.snap.literal_text(cls)
         if cls in self._reverse_table:
             return f"(node {self._reverse_table[cls]})"
-        if cls in self.snap.primitive:
-            return self.snap.primitive[cls]
         if depth > 200:
             raise RecursionError("e-class handle too deep")
         node = self.snap.classes[cls][0]

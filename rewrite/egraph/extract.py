@@ -17,7 +17,7 @@ import heapq
 from .cost import op_cost
 from .decode import Decoder
 from .snapshot import ENode, Snapshot
-from .terms import Tables
+from .terms import Tables, is_call
 
 
 class ExtractionError(RuntimeError):
@@ -48,7 +48,7 @@ def extract(snap: Snapshot, tables: Tables, roots: list[str], pinned_cost=None) 
 
     def own(cls: str, i: int) -> float:
         node = classes[cls][i]
-        if node.op == "Call":
+        if is_call(node.op):
             op_name, arg_classes, _ = dec.call_parts(node)
             out_key = snap.meta_key(cls)
             in_keys = tuple(snap.meta_key(c) for c in arg_classes)

@@ -12,14 +12,15 @@ import logging
 
 import torch
 
-from ..dsl import canonical_call, dtype_str, shape_key, splat_key, target_name
+from ..dsl import canonical_call, dtype_str, register_target, shape_key, splat_key, target_name
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_nodes
 from ..rules.cse import constant_key
-from .terms import Tables, Unencodable, list_term, literal_term, quote
+from .terms import Tables, Unencodable, call_term, list_term, literal_term, quote
 
 log = logging.getLogger("rewrite")
 
-SPLAT_SIZE_LIMIT = 1 << 20  # constants larger than this are not scanned for a splat value
+SPLAT_SIZE_LIMIT = 1 << 20
+BATCH_COMMANDS = 16  # commands per egglog call while loading (measured best of 1, 16, 256)
 
 
 @dataclasses.dataclass
@@ -57,11 +58,21 @@ class Loader:
         self._const_index: dict = {}
         self._seen_terms: dict[str, int] = {}
         self._splat_done: set[str] = set()
+        self._batch: list[str] = []
 
     def run(self, cmds: list[str]) -> None:
-        text = "".join(cmds)
-        self.egraph.run_program(*self.egraph.parse_program(text))
+        """Queue commands; they are sent in batches of a few nodes (each egglog call has a fixed
+        cost that grows with the number of declared tables, and one huge program parses in
+        quadratic time)."""
+        self._batch.extend(cmds)
         self.loaded.commands += len(cmds)
+        if len(self._batch) >= BATCH_COMMANDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._batch:
+            self.egraph.run_program(*self.egraph.parse_program("".join(self._batch)))
+            self._batch = []
 
     def node_term(self, node: Node) -> str:
         return f"(node {self.loaded.index[node.id]})"
@@ -94,6 +105,7 @@ class Loader:
             cmds.insert(0, f"(set (node {k}) {term})")
             cmds.extend(self.meta_commands(f"(node {k})", node.meta))
             self.run(cmds)
+        self.flush()
         return self.loaded
 
     # -- terms ------------------------------------------------------------------------------
@@ -128,7 +140,8 @@ class Loader:
         for v, item in zip(values, items):
             self.literal_analyses(v, item, cmds)
         stream = self.tables.stream(node.attrs.get("stream"))
-        return f"(Call {quote(target_name(node.target))} {list_term(items)} {quote(stream)})"
+        register_target(node.target)
+        return call_term(target_name(node.target), items, quote(stream))
 
     def pinned_term(self, node: Node, k: int) -> str:
         deps = list(node.inputs) + [w for w in node.attrs.get("wait_for", ()) if isinstance(w, Node)]
@@ -165,12 +178,13 @@ def meta_commands(tables: Tables, handle: str, meta) -> list[str]:
     if key is None:
         return []
     cmds = [f'(set (meta {handle}) "{key}")']
-    if isinstance(meta, TensorMeta):
+    if isinstance(meta, TensorMeta) and key not in tables.described:
+        tables.described.add(key)
         skey = shape_key(meta.shape)
-        cmds.append(f'(set (dtype {handle}) "{dtype_str(meta.dtype)}")')
-        cmds.append(f"(set (rank {handle}) {len(meta.shape)})")
+        cmds.append(f'(set (dtype "{key}") "{dtype_str(meta.dtype)}")')
+        cmds.append(f'(set (rank "{key}") {len(meta.shape)})')
         if len(skey) < 200 and '"' not in skey:
-            cmds.append(f'(set (shape {handle}) "{skey}")')
+            cmds.append(f'(set (shape "{key}") "{skey}")')
     return cmds
 
 

@@ -17,7 +17,7 @@ from ..ir import Graph, Node, map_nodes
 from .decode import VALUE_OPS, Decoder, split_args, strip_defaults, target_of
 from .load import Loaded, is_nondeterministic
 from .snapshot import ENode, Snapshot
-from .terms import Tables
+from .terms import Tables, is_call
 
 
 class Rebuilder:
@@ -47,7 +47,7 @@ class Rebuilder:
     # -- walking ------------------------------------------------------------------------------
     def deps(self, cls: str) -> list[str]:
         node = self.choice[cls]
-        if node.op == "Call":
+        if is_call(node.op):
             return self.dec.call_parts(node)[1]
         if node.op in ("Lst", "Tup", "Pinned"):
             return self.dec.list_items(node.children[-1])
@@ -85,7 +85,7 @@ class Rebuilder:
             return self.dec.literal(node, lambda c: self.values[c])
         if op == "Pinned":
             return self.make_pinned(cls, node)
-        if op == "Call":
+        if is_call(op):
             return self.make_call(cls, node)
         raise ValueError(f"cannot rebuild e-node {op}")
 

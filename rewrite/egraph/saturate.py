@@ -13,10 +13,11 @@ import dataclasses
 import logging
 import time
 
+from .compile import MATCH_SUFFIX
 from .decode import VALUE_OPS, Decoder, literal_meta, split_args, target_of
 from .load import meta_commands
 from .snapshot import Snapshot
-from .terms import Tables
+from .terms import Tables, is_call
 
 log = logging.getLogger("rewrite")
 
@@ -87,7 +88,7 @@ class Saturator:
                         return result
                     report = _run(self.egraph, f"(run-schedule (run {name}))")[-1].report
                     for rule, n in report.num_matches_per_rule.items():
-                        if n:
+                        if n and not rule.endswith(MATCH_SUFFIX):
                             short = rule.split("/", 1)[-1]
                             result.fired[short] = result.fired.get(short, 0) + n
                     if not report.updated:
@@ -125,8 +126,8 @@ class Saturator:
                     meta = self._infer(cls, snap, dec, memo, cmds)
                     if meta is None:
                         self._failed_classes.add(cls)
-        for c in cmds:
-            _run(self.egraph, c)
+        for i in range(0, len(cmds), 64):
+            _run(self.egraph, "".join(cmds[i:i + 64]))
         result.metas_inferred += sum(1 for c in cmds if c.startswith("(set (meta"))
         before = egraph_size(self.egraph)
         report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report
@@ -145,7 +146,7 @@ class Saturator:
             return None
         meta = None
         for node in snap.classes.get(cls, []):
-            if node.op == "Call":
+            if is_call(node.op):
                 meta = self._infer_call(node, snap, dec, memo, cmds, depth)
             else:
                 meta = literal_meta(node, snap)

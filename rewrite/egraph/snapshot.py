@@ -1,54 +1,69 @@
-"""A read-only view of a serialized e-graph: e-classes, their e-nodes, and their analyses.
+"""A read-only view of the e-graph: e-classes, their e-nodes, and their analyses.
 
-Built from ``egraph.serialize([]).to_json()`` (milliseconds even for big graphs). Used twice:
-to find e-classes created by rules that still lack a meta, and by extraction.
+Built from ``egraph.freeze()``: a few milliseconds and ~50 ms of row iteration for a 10,000-node
+graph, against ~0.6 s for ``serialize(...).to_json()`` + ``json.loads`` (measured here). Used to
+infer metas of e-classes that rules created, and by extraction.
+
+An e-class is named by ``(sort, Value)``. An e-node's primitive arguments (op names, stream tags,
+integers) appear among its ``children`` as ``("prim", python_value)``.
 """
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
 
 from .terms import ANALYSES
 
+_PRIMITIVE_SORTS = {"String": "value_to_string", "i64": "value_to_i64", "f64": "value_to_f64", "bool": "value_to_bool"}
+
 
 class ENode(NamedTuple):
     op: str
-    children: tuple  # e-class ids (Term / TList / primitive classes)
+    children: tuple  # e-class keys, or ("prim", value) for primitive arguments
 
 
 class Snapshot:
     def __init__(self, egraph):
-        raw = json.loads(egraph.serialize([]).to_json())["nodes"]
-        node_class = {nid: n["eclass"] for nid, n in raw.items()}
-        self.classes: dict[str, list[ENode]] = {}
-        self.primitive: dict[str, str] = {}          # primitive class -> literal text as egglog prints it
-        self.node_table: dict[int, str] = {}         # IR node index -> e-class
+        frozen = egraph.freeze()
+        self.classes: dict[tuple, list[ENode]] = {}
+        self.node_table: dict[int, tuple] = {}       # IR node index -> e-class
         self.analysis: dict[str, dict] = {name: {} for name in ANALYSES}
-        for nid, n in raw.items():
-            if nid.startswith("primitive-"):
-                self.primitive[n["eclass"]] = n["op"]
-        for nid, n in raw.items():
-            op, cls = n["op"], n["eclass"]
-            if cls in self.primitive:
+        decoders = {sort: getattr(egraph, fn) for sort, fn in _PRIMITIVE_SORTS.items()}
+        for name, fn in frozen.functions.items():
+            sorts = fn.input_sorts
+            convert = [decoders.get(s) for s in sorts]
+            out_sort = fn.output_sort
+            out_convert = decoders.get(out_sort)
+            is_analysis = name in ANALYSES
+            if not is_analysis and (name.startswith("match_") or name.startswith("dtypes_")):
                 continue
-            children = tuple(node_class[c] for c in n["children"])
-            if op == "node":
-                self.node_table[int(self.primitive[children[0]])] = cls
-            elif op == "Pending":
-                self.analysis["Pending"].setdefault(children[0], []).append(children[1])
-            elif op in ANALYSES:
-                self.analysis[op][children[0]] = self.string(cls)
-            else:
-                self.classes.setdefault(cls, []).append(ENode(op, children))
+            for row in fn.rows:
+                ins = tuple(("prim", c(v)) if c else (s, v) for c, s, v in zip(convert, sorts, row.inputs))
+                if not is_analysis:
+                    self.classes.setdefault((out_sort, row.output), []).append(ENode(name, ins))
+                elif name == "node":
+                    self.node_table[ins[0][1]] = (out_sort, row.output)
+                elif name == "Pending":
+                    self.analysis["Pending"].setdefault(ins[0], []).append(ins[1])
+                else:
+                    value = out_convert(row.output) if out_convert else (out_sort, row.output)
+                    self.analysis[name][ins[0]] = value
 
-    def string(self, cls: str) -> str | None:
-        """The Python value of a primitive class: strings unquoted, numbers as text."""
-        text = self.primitive.get(cls)
-        if text is None:
-            return None
-        return text[1:-1] if text.startswith('"') else text
+    @staticmethod
+    def string(child) -> str | None:
+        """The Python value of a primitive child, as a string (op names, stream tags, numbers)."""
+        if isinstance(child, tuple) and child and child[0] == "prim":
+            return str(child[1])
+        return None
 
-    def meta_key(self, cls: str) -> str | None:
+    @staticmethod
+    def literal_text(child) -> str:
+        """egglog text of a primitive child."""
+        value = child[1]
+        if isinstance(value, str):
+            return f'"{value}"'
+        return str(value)
+
+    def meta_key(self, cls) -> str | None:
         return self.analysis["meta"].get(cls)
 
     def pending(self) -> dict:

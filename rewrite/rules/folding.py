@@ -103,9 +103,13 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
 def fold_sizes(graph: Graph) -> int:
     """Size computations whose value is a constant expression become constants.
 
-    Uses the shape engine's ``fold_shape_computations`` when it exists; otherwise folds every
+    Uses the shape engine's ``fold_shape_computations`` (it re-infers shapes so folds cascade)
+    when it exists and there is something to fold: it re-runs shape inference over the whole
+    graph, too slow to call on every sweep of a graph with nothing to fold. Otherwise folds every
     foldable node whose SymMeta is a number (``sym_size`` of a static dim, arithmetic on those).
     """
+    if not any(_known_size(n) for n in graph.nodes):
+        return 0
     try:
         from ..shape import fold_shape_computations
     except ImportError:
@@ -115,23 +119,25 @@ def fold_sizes(graph: Graph) -> int:
     folded = 0
     waited = waited_on(graph)
     for node in list(graph.nodes):
+        if node.kind != "call" or node.id in waited or not _known_size(node) or not can_fold(node):
+            continue
         m = node.meta
-        if node.kind != "call" or node.id in waited or not isinstance(m, SymMeta) or not can_fold(node):
-            continue
         expr = sympy.sympify(m.expr)
-        if not expr.is_number and expr not in (sympy.true, sympy.false):
-            continue
-        if m.pytype is bool:
-            value = bool(expr)
-        elif m.pytype is int:
-            value = int(expr)
-        else:
-            value = float(expr)
+        value = bool(expr) if m.pytype is bool else int(expr) if m.pytype is int else float(expr)
         const = graph.constant(value, SymMeta(expr, m.pytype), before=node)
         graph.replace_all_uses(node, const)
         graph.remove(node)
         folded += 1
     return folded
+
+
+def _known_size(node: Node) -> bool:
+    """A size/scalar node (call or SymInt input) whose value is a number at compile time."""
+    m = node.meta
+    if node.kind not in ("call", "placeholder") or not isinstance(m, SymMeta):
+        return False
+    expr = sympy.sympify(m.expr)
+    return bool(expr.is_number) or expr in (sympy.true, sympy.false)
 
 
 def waited_on(graph: Graph) -> set[int]:
