@@ -284,26 +284,32 @@ def test_onnx_file_runs_in_onnxruntime_without_torch(tmp_path):
     model = Stack().eval()
     config = rewrite.CompilerConfig()
     config.export.onnx = True
-    x = torch.randn(3, 16)
-    rewrite.dynamo_export(x, model=model, export_path=str(tmp_path / "onnx"), config=config)
+    rewrite.dynamo_export(torch.randn(3, 16), model=model, export_path=str(tmp_path / "onnx"), dynamic=True,
+                          config=config)
     files = os.listdir(tmp_path / "onnx")
     assert "export.onnx" in files and "export.onnx.data" in files  # weights outside the .onnx file
-    with torch.no_grad():
-        want = model(x)
-    np.save(tmp_path / "x.npy", x.numpy(), allow_pickle=False)
-    for k, w in enumerate(want):
-        np.save(tmp_path / f"want{k}.npy", w.numpy(), allow_pickle=False)
-    run_fresh(f"""
+    for batch in (3, 6):  # the batch dimension is a dynamic ONNX axis
+        x = torch.randn(batch, 16)
+        with torch.no_grad():
+            want = model(x)
+        np.save(tmp_path / f"x{batch}.npy", x.numpy(), allow_pickle=False)
+        for k, w in enumerate(want):
+            np.save(tmp_path / f"want{batch}_{k}.npy", w.numpy(), allow_pickle=False)
+    out = run_fresh(f"""
         import sys
         sys.modules["torch"] = None  # onnxruntime must not need torch
         import numpy as np, onnxruntime as ort
-        session = ort.InferenceSession({str(tmp_path / 'onnx' / 'export.onnx')!r})
+        folder = {str(tmp_path)!r}
+        session = ort.InferenceSession(folder + "/onnx/export.onnx")
         assert [i.name for i in session.get_inputs()] == ["x"]
-        outs = session.run(None, {{"x": np.load({str(tmp_path / 'x.npy')!r})}})
-        for k, got in enumerate(outs):
-            np.testing.assert_allclose(got, np.load({str(tmp_path)!r} + f"/want{{k}}.npy"), rtol=1e-4, atol=1e-5)
-        print("onnx ok", len(outs))
+        for batch in (3, 6):
+            outs = session.run(None, {{"x": np.load(f"{{folder}}/x{{batch}}.npy")}})
+            assert len(outs) == 2
+            for k, got in enumerate(outs):
+                np.testing.assert_allclose(got, np.load(f"{{folder}}/want{{batch}}_{{k}}.npy"), rtol=1e-4, atol=1e-5)
+        print("onnx ok")
     """, tmp_path)
+    assert "onnx ok" in out
 
 
 # -- multi-rank -----------------------------------------------------------------------------------

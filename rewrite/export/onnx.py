@@ -72,7 +72,8 @@ def export_onnx(program, export_name: str) -> dict[str, bytes]:
         path = os.path.join(scratch, f"{export_name}.onnx")
         try:
             torch.onnx.export(module, tuple(examples), path, input_names=names, dynamo=True, external_data=True,
-                              dynamic_shapes=tuple(dynamic_shapes) if any(dynamic_shapes) else None,
+                              # forward(*tensors): one entry for the varargs, holding one spec per tensor
+                              dynamic_shapes=(tuple(dynamic_shapes),) if any(dynamic_shapes) else None,
                               optimize=True, verbose=False)
         except Exception as e:
             raise ExportError(f"ONNX export of graph {graph.name} failed: {e}") from e
