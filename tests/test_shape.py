@@ -366,6 +366,29 @@ def test_dynamic_gpt2_graph_reinfers_to_what_dynamo_recorded():
     infer_graph(graph, check=True, strict=True)
 
 
+def test_dynamic_training_graphs_reinfer_to_what_dynamo_recorded():
+    captured = []
+
+    class Capture(rewrite.backend.RewriteBackend):
+        def compile_graph(self, gm, name, *rest):
+            captured.append((name, gm))
+            return super().compile_graph(gm, name, *rest)
+
+    model = models.bert(layers=1)
+    model.train()
+    ids = models.token_batch(2, 16)
+    torch._dynamo.mark_dynamic(ids, 0)
+    torch._dynamo.mark_dynamic(ids, 1)
+    torch.compile(lambda x: model(x).last_hidden_state.sum(), backend=Capture(), fullgraph=True)(ids).backward()
+    names = {name.split("_")[-1] for name, _ in captured}
+    assert {"forward", "backward"} <= names
+    for name, gm in captured:
+        graph = from_fx(gm, name=name)
+        ctx = ShapeContext(graph.symbols)
+        infer_graph(graph, ctx, check=True, strict=True)  # dropout, layer-norm backward, index_put...
+        assert ctx.stats["rule"] > 5 * ctx.stats["kernel"]
+
+
 def test_dynamic_t5_encoder_decoder_graph_reinfers_to_what_dynamo_recorded():
     model = models.t5()
     ids = models.token_batch(2, 8)
