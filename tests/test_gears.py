@@ -357,6 +357,7 @@ def test_inductor_kernels_compile_each_gear_graph(monkeypatch):
     model = AddSoftmax().eval()
     config = rewrite.CompilerConfig()
     config.exec.kernels = "inductor"
+    config.inference_config.gear_fallback = "dynamic"
     fn, _ = _compile(model, config)
     x, y = _pair(2)
     set_dim_gears(x, {0: [1, 2]})
@@ -365,7 +366,9 @@ def test_inductor_kernels_compile_each_gear_graph(monkeypatch):
     with torch.no_grad():
         _check(fn, model, x, y)
         _check(fn, model, *_pair(1, seed=1))
-    assert compiled == [True, True]  # one Inductor compile per gear, each on a static graph
+        _check(fn, model, *_pair(5, seed=5))  # no gear: Inductor's size-generic code of the symbolic graph
+    # One Inductor compile per gear on a static graph, then the symbolic graph for the fallback.
+    assert compiled == [True, True, False]
     assert unique_graphs() == 1
 
 

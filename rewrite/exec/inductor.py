@@ -2,10 +2,10 @@
 
 Each static gear graph is compiled by Inductor on its own, with its exact sizes, so gear graphs
 can be compared fairly with Inductor compiling the symbolic graph (``dynamic=True``). The graph
-is lowered to FX, its inputs are turned into fake tensors of the graph's metas, and
-``compile_fx_inner`` (Inductor's entry point for an already-functionalized ATen graph, which is
-what the rewrite IR holds) compiles it under a fresh tracing context, so the Dynamo/AOT context of
-the model being compiled is not disturbed.
+is lowered to FX, its inputs become fake tensors of the graph's metas, Inductor's decompositions
+are applied (``make_fx``; the IR is already functional core ATen, so no second AOTAutograd pass
+and no second runtime wrapper are needed), and ``compile_fx_inner`` compiles it under a fresh
+tracing context, so the Dynamo/AOT context of the model being compiled is not disturbed.
 
 A graph with size symbols is compiled dynamically: every symbol becomes a symbol of a fresh
 ShapeEnv (inputs sharing a symbol share it there too), and Inductor generates size-generic code.
@@ -78,7 +78,9 @@ def _fake_inputs(graph: Graph, fake_mode: FakeTensorMode) -> list:
 def compile_with_inductor(graph: Graph):
     """Compile ``graph`` with Inductor; returns ``f(*inputs) -> outputs``."""
     from torch._guards import TracingContext, tracing
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     gm = to_fx(graph)
@@ -87,11 +89,17 @@ def compile_with_inductor(graph: Graph):
     try:
         with unset_fake_temporarily(), tracing(TracingContext(fake_mode)):
             fake = _fake_inputs(graph, fake_mode)
-            compiled = compile_fx(gm, fake)
+            # The IR is already functional core ATen; Inductor lowers its own decompositions of it.
+            with fake_mode:
+                lowered = make_fx(gm, decomposition_table=select_decomp_table())(*fake)
+            compiled = compile_fx_inner(lowered, fake)
     except CompileError:
         raise
     except Exception as e:
         raise CompileError(f"inductor kernels: graph {graph.name} failed to compile: {type(e).__name__}: {e}") from e
 
-    compiled.__rewrite_inductor__ = True
-    return compiled
+    def run(*args):
+        return compiled(list(args))
+
+    run.__rewrite_inductor__ = True
+    return run
