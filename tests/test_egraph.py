@@ -1,0 +1,220 @@
+"""The e-graph bridge: loading the IR into egglog, rules, limits, DAG-aware extraction, rebuilding."""
+import operator
+
+import pytest
+import sympy
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from rewrite.dsl import RuleSet, aten as A, rule, value_is, variables
+from rewrite.egraph import Limits, compile_rulesets, run_egraph
+from rewrite.exec.codegen import compile_graph_to_python
+from rewrite.fx_bridge import from_fx
+from rewrite.ir import Graph, SymMeta, TensorMeta
+from rewrite.report import GraphReport
+from rewrite.rules import default_rulesets
+
+aten = torch.ops.aten
+F32 = TensorMeta(torch.float32, (sympy.Integer(4), sympy.Integer(8)))
+x_, y_, c_ = variables("x y c")
+
+
+def aten_graph(fn, *inputs) -> Graph:
+    """``fn`` traced to an ATen-level rewrite Graph (FakeTensor metas, like AOTAutograd gives)."""
+    return from_fx(make_fx(fn, tracing_mode="fake")(*inputs), name="traced")
+
+
+def run(graph: Graph, *inputs):
+    return compile_graph_to_python(graph)(*inputs)
+
+
+def egraph(graph: Graph, rulesets=None, limits=None):
+    report = GraphReport(graph.name)
+    out, _ = run_egraph(graph, default_rulesets() if rulesets is None else rulesets, limits or Limits(), report)
+    return out, report
+
+
+def chain_graph(layers: int) -> Graph:
+    """A residual chain: h = relu(h) + h, ``layers`` times (every value read twice)."""
+    g = Graph("residual")
+    h = x = g.placeholder("x", F32)
+    for _ in range(layers):
+        r = g.call(aten.relu.default, (h,), meta=F32)
+        h = g.call(aten.add.Tensor, (r, h), meta=F32)
+    g.set_output((h, x))
+    return g
+
+
+def test_round_trip_keeps_args_kwargs_multi_output_and_placeholders():
+    def fn(x, w):
+        a = torch.nn.functional.layer_norm(x, (8,), w, None, 1e-5)   # multi-output op + getitem
+        b = a.to(torch.float64).sum(dim=[1], keepdim=True)             # dtype kwarg, list arg
+        c = torch.where(x > -0.0, x * 0.5, torch.full_like(x, float("-inf")))
+        return b, c.transpose(0, 1).contiguous(), x.new_zeros(3, dtype=torch.int32)
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    g = aten_graph(fn, x, w)
+    out, _ = egraph(g, rulesets=[])
+    assert [p.name for p in out.placeholders] == [p.name for p in g.placeholders]
+    assert out.op_counts() == g.op_counts()
+    for got, want in zip(run(out, x, w), fn(x, w)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+def test_symbolic_sizes_round_trip():
+    """SymInt inputs, sym_size and operator.mul on sizes survive load -> extract -> rebuild."""
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    m = TensorMeta(torch.float32, (s0, sympy.Integer(8)))
+    g = Graph("sym")
+    x = g.placeholder("x", m)
+    n = g.call(aten.sym_size.int, (x, 0), meta=SymMeta(s0, int))
+    n2 = g.call(operator.mul, (n, 8), meta=SymMeta(s0 * 8, int))
+    v = g.call(aten.view.default, (x, [n2]), meta=TensorMeta(torch.float32, (s0 * 8,)))
+    g.set_output((v,))
+    out, _ = egraph(g)
+    assert out.op_counts() == g.op_counts()
+    t = torch.randn(5, 8)
+    torch.testing.assert_close(run(out, t)[0], t.reshape(40))
+
+
+def test_cse_merges_equal_terms_and_keeps_shared_subgraph_once():
+    g = Graph("cse")
+    x = g.placeholder("x", F32)
+    a = g.call(aten.relu.default, (x,), meta=F32)
+    b = g.call(aten.relu.default, (x,), meta=F32)     # same term as a
+    s = g.call(aten.add.Tensor, (a, b), meta=F32)     # reads the shared class twice
+    m = g.call(aten.mul.Tensor, (s, a), meta=F32)
+    g.set_output((m,))
+    out, report = egraph(g, rulesets=[])
+    assert out.op_counts() == {"aten.add.Tensor": 1, "aten.mul.Tensor": 1, "aten.relu.default": 1}
+    assert report.applied["cse"] == 1
+    t = torch.randn(4, 8)
+    torch.testing.assert_close(run(out, t)[0], (t.relu() + t.relu()) * t.relu())
+
+
+def test_residual_chain_of_100_layers_extracts_without_recursion_or_overflow():
+    g = chain_graph(100)
+    neg = RuleSet("test.negneg", [rule(A.neg.default(A.neg.default(x_)), x_, name="neg_neg")])
+    out, _ = egraph(g, rulesets=[neg])
+    assert out.num_ops() == 200
+    t = torch.randn(4, 8)
+    want = t
+    for _ in range(100):
+        want = want.relu() + want
+    torch.testing.assert_close(run(out, t)[0], want)
+
+
+def test_long_chain_rebuilds_without_recursion():
+    g = Graph("long")
+    h = g.placeholder("x", F32)
+    for _ in range(3000):
+        h = g.call(aten.neg.default, (h,), meta=F32)
+    g.set_output((h,))
+    out, report = egraph(g)
+    # 3000 negations cancel pairwise down to the input itself
+    assert out.num_ops() == 0
+    assert report.applied.get("neg_neg", 0) >= 1
+    t = torch.randn(4, 8)
+    torch.testing.assert_close(run(out, t)[0], t)
+
+
+def test_rules_fire_and_meta_guard_rejects_shape_changing_replacement():
+    g = Graph("guard")
+    x = g.placeholder("x", F32)
+    row = g.placeholder("row", TensorMeta(torch.float32, (sympy.Integer(1), sympy.Integer(8))))
+    ones = g.constant(torch.ones(4, 8))
+    bcast = g.call(aten.mul.Tensor, (row, ones), meta=F32)   # shape [1,8] -> [4,8]: not "row"
+    same = g.call(aten.mul.Tensor, (x, ones), meta=F32)      # really x
+    g.set_output((bcast, same))
+    mul_one = RuleSet("test.mul_one", [rule(A.mul.Tensor(x_, c_), x_, when=[value_is(c_, 1)], name="mul_one")])
+    out, report = egraph(g, rulesets=[mul_one])
+    assert out.op_counts() == {"aten.mul.Tensor": 1}
+    assert report.applied["mul_one"] >= 1  # matches (a merge can re-match the same root)
+    tx, tr = torch.randn(4, 8), torch.randn(1, 8)
+    got = run(out, tx, tr)
+    torch.testing.assert_close(got[0], tr * torch.ones(4, 8))
+    torch.testing.assert_close(got[1], tx)
+
+
+def test_new_terms_get_metas_and_are_accepted():
+    """An op replacement (not a variable) needs the shape engine to infer its meta first."""
+    g = aten_graph(lambda x, y: x + (-y), torch.randn(4, 8), torch.randn(4, 8))
+    sub = RuleSet("test.add_neg", [rule(A.add.Tensor(x_, A.neg.default(y_)), A.sub.Tensor(x_, y_), name="add_neg")])
+    out, report = egraph(g, rulesets=[sub])
+    assert out.op_counts() == {"aten.sub.Tensor": 1}
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(run(out, a, b), a - b)  # make_fx returns the tensor itself
+
+
+def test_streams_are_part_of_identity():
+    g = Graph("streams")
+    x = g.placeholder("x", F32)
+    a = g.call(aten.relu.default, (x,), meta=F32, attrs={"stream": "1"})
+    b = g.call(aten.relu.default, (x,), meta=F32)                  # same op, default stream
+    c = g.call(aten.relu.default, (x,), meta=F32, attrs={"stream": "1"})  # CSE'd with a
+    n1 = g.call(aten.neg.default, (a,), meta=F32)                  # neg(neg(.)) across streams:
+    n2 = g.call(aten.neg.default, (n1,), meta=F32, attrs={"stream": "1"})  # not one rule match
+    g.set_output((a, b, c, n2))
+    neg = RuleSet("test.negneg", [rule(A.neg.default(A.neg.default(x_)), x_, name="neg_neg")])
+    out, _ = egraph(g, rulesets=[neg])
+    relus = [n for n in out.nodes if n.op == "aten.relu.default"]
+    assert sorted(str(n.attrs.get("stream")) for n in relus) == ["1", "None"]
+    assert out.op_counts()["aten.neg.default"] == 2
+    outs = out.outputs
+    assert outs[0] is outs[2] and outs[0] is not outs[1]
+
+
+def test_wait_for_nodes_are_kept_opaque_with_their_targets():
+    g = Graph("wait")
+    x = g.placeholder("x", F32)
+    a = g.call(aten.relu.default, (x,), meta=F32)
+    dup = g.call(aten.relu.default, (x,), meta=F32)
+    w = g.call(aten.neg.default, (x,), meta=F32, attrs={"stream": "1", "wait_for": [dup]})
+    w2 = g.call(aten.neg.default, (w,), meta=F32, attrs={"stream": "1"})
+    g.set_output((a, w2))
+    neg = RuleSet("test.negneg", [rule(A.neg.default(A.neg.default(x_)), x_, name="neg_neg")])
+    out, _ = egraph(g, rulesets=[neg])
+    waiting = [n for n in out.nodes if n.attrs.get("wait_for")]
+    assert len(waiting) == 1
+    target = waiting[0].attrs["wait_for"][0]
+    assert target in out.nodes and target.op == "aten.relu.default"
+    assert out.op_counts()["aten.neg.default"] == 2   # the waiting node is not rewritten away
+
+
+def test_limits_degrade_to_best_so_far(caplog):
+    g = chain_graph(30)
+    commute = RuleSet("test.commute", [rule(A.add.Tensor(x_, y_), A.add.Tensor(y_, x_), name="add_commute")], iterations=50)
+    for limits in (Limits(node_limit=50), Limits(time_limit_s=0.0), Limits(iteration_limit=1)):
+        with caplog.at_level("WARNING", logger="rewrite"):
+            out, report = egraph(g, rulesets=[commute], limits=limits)
+        assert any("stopped by" in n for n in report.notes)
+        t = torch.randn(4, 8)
+        want = t
+        for _ in range(30):
+            want = want.relu() + want
+        torch.testing.assert_close(run(out, t)[0], want)
+    assert "stopped by" in caplog.text
+
+
+def test_nondeterministic_and_mutating_ops_are_never_merged():
+    g = Graph("rand")
+    x = g.placeholder("x", F32)
+    r1 = g.call(aten.rand.default, ([4, 8],), {"dtype": torch.float32, "device": torch.device("cpu"),
+                                                 "pin_memory": False}, meta=F32)
+    r2 = g.call(aten.rand.default, ([4, 8],), {"dtype": torch.float32, "device": torch.device("cpu"),
+                                                 "pin_memory": False}, meta=F32)
+    s = g.call(aten.add.Tensor, (r1, r2), meta=F32)
+    cp = g.call(aten.copy_.default, (x, s), meta=F32)
+    g.set_output((s,))
+    out, _ = egraph(g)
+    assert out.op_counts()["aten.rand.default"] == 2
+    assert out.op_counts()["aten.copy_.default"] == 1   # a side effect with no reader survives
+    assert out.nodes[-2].op == "aten.copy_.default"     # and stays after every read of x
+    del cp
+
+
+def test_rulesets_compile_to_two_stage_egglog_rules():
+    text = "\n".join(compile_rulesets(default_rulesets()))
+    assert text.count(":ruleset") >= 2 * 40
+    assert "(union __root" in text and "(Pending __root" in text
