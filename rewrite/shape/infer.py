@@ -71,22 +71,10 @@ def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool | Non
         ctx.stats["unknown rank"] += 1
         return _unknown_rank_meta(target, args, kwargs, ctx)
     if use_rules:
-        try:
-            if target in SCALAR_RULES:
-                meta = SCALAR_RULES[target](ctx, args)
-                ctx.stats["rule"] += 1
-                return meta
-            rule = RULES.get(target)
-            if rule is not None:
-                meta = simplify_meta(rule(ctx, bind(target, args, kwargs), op), ctx)
-                ctx.stats["rule"] += 1
-                return meta
-            if is_elementwise(target):
-                meta = simplify_meta(elementwise(ctx, target, args, kwargs), ctx)
-                ctx.stats["rule"] += 1
-                return meta
-        except NoRule:
-            pass
+        meta = _by_hand_rule(target, args, kwargs, ctx, op)
+        if meta is not _NO_RULE:
+            ctx.stats["rule"] += 1
+            return meta
     ctx.stats["kernel"] += 1
     ctx.kernel_ops[op] += 1
     try:
@@ -96,6 +84,30 @@ def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool | Non
     except Exception as e:
         raise ShapeInferenceError(f"{op}: its meta kernel failed on inputs {_describe(args, kwargs)}: "
                                   f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+_NO_RULE = object()
+
+
+def _by_hand_rule(target, args, kwargs, ctx: ShapeContext, op: str):
+    """The hand rule's answer, or ``_NO_RULE`` when there is none or it cannot decide.
+
+    A rule tripping over arguments it does not expect (a size given as a tensor, an unusual
+    overload) also defers to the meta kernel, which has the final word and the precise error.
+    """
+    try:
+        if target in SCALAR_RULES:
+            return SCALAR_RULES[target](ctx, args)
+        rule = RULES.get(target)
+        if rule is not None:
+            return simplify_meta(rule(ctx, bind(target, args, kwargs), op), ctx)
+        if is_elementwise(target):
+            return simplify_meta(elementwise(ctx, target, args, kwargs), ctx)
+    except NoRule:
+        pass
+    except (TypeError, AttributeError, IndexError, KeyError) as e:
+        log.debug("shape: hand rule for %s did not apply (%s: %s); asking the meta kernel", op, type(e).__name__, e)
+    return _NO_RULE
 
 
 def _describe(args, kwargs) -> str:
