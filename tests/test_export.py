@@ -167,6 +167,17 @@ def test_static_export_rejects_other_shapes_and_bad_calls(tmp_path):
     torch.testing.assert_close(loaded(x, y=y), model(x, y).detach())  # keyword works like the model
 
 
+def test_one_tensor_passed_twice_must_be_passed_twice_again(tmp_path):
+    model = SeedModel()
+    x = torch.randn(2, 4)
+    rewrite.dynamo_export(x, x, model=model, export_path=str(tmp_path / "alias"))
+    loaded = rewrite.load(str(tmp_path / "alias"))
+    z = torch.randn(2, 4)
+    torch.testing.assert_close(loaded(z, z), model(z, z).detach())
+    with pytest.raises(ExportError, match="were the same tensor"):
+        loaded(z, torch.randn(2, 4))
+
+
 def test_module_stack_is_recorded_only_when_asked(tmp_path):
     model = Stack().eval()
     config = rewrite.CompilerConfig()

@@ -103,7 +103,10 @@ def _freeze_tensor_input(g: Graph, placeholder, tensor: torch.Tensor) -> None:
 
 def _bind_inputs(g: Graph, cap: Captured, input_spec: dict, leaves: list, weight_names_by_id: dict):
     """Decide, per graph input, where its value comes from; freeze weights; drop their placeholders."""
-    leaf_by_id = {id(t): i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)}
+    leaf_by_id = {}
+    for i, t in enumerate(leaves):
+        if isinstance(t, torch.Tensor):
+            leaf_by_id.setdefault(id(t), i)
     scalar_leaf_by_name = {}
     for i, (name, struct) in enumerate(zip(input_spec["names"], input_spec["positional"])):
         if isinstance(struct, dict) and struct.get("type") in ("int", "float", "bool"):

@@ -66,7 +66,16 @@ def describe_inputs(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[
     names += [f"arg{i}" for i in range(len(names), len(args))]
     positional = [_structure(a, leaves, names[i]) for i, a in enumerate(args)]
     keyword = {k: _structure(v, leaves, k) for k, v in kwargs.items()}
-    return {"positional": positional, "names": names, "keyword": keyword}, leaves
+    # Dynamo passes one tensor given twice as one graph input; calls must alias the same way.
+    first_seen: dict[int, int] = {}
+    same = []
+    for i, t in enumerate(leaves):
+        if isinstance(t, torch.Tensor):
+            if id(t) in first_seen:
+                same.append([first_seen[id(t)], i])
+            else:
+                first_seen[id(t)] = i
+    return {"positional": positional, "names": names, "keyword": keyword, "same_tensor": same}, leaves
 
 
 def describe_outputs(result, graph_outputs, input_leaves: list) -> dict:
@@ -107,6 +116,7 @@ class InputBinder:
         self.positional = spec["positional"]
         self.names = spec["names"]
         self.keyword = spec["keyword"]
+        self.same_tensor = spec.get("same_tensor", [])
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         values = list(args)
@@ -131,6 +141,10 @@ class InputBinder:
             self._walk(struct, value, self.names[i], leaves)
         for name, struct in self.keyword.items():
             self._walk(struct, kwargs[name], name, leaves)
+        for i, j in self.same_tensor:
+            if leaves[i] is not leaves[j]:
+                raise ExportError(f"inputs #{i} and #{j} were the same tensor when the model was exported, and the "
+                                  "graph reads it once; pass the same tensor for both or export with distinct tensors")
         return leaves
 
     def _walk(self, struct, value, where, leaves):
