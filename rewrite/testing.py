@@ -721,13 +721,15 @@ class _Instantiator:
         elif value is not None and isinstance(value, float) and (not value.is_integer() or math.copysign(1, value) < 0):
             dtype = draw(st.sampled_from(FLOAT_DTYPES))  # -0.0 and 0.5 only exist in floats
         elif value is not None:
-            dtype = draw(st.sampled_from(FLOAT_DTYPES + INT_DTYPES))
+            dtype = draw(st.sampled_from(INT_DTYPES if draw(st.booleans()) else FLOAT_DTYPES))
         elif like is not None and draw(st.booleans()):
             dtype = like.dtype
         else:
             dtype = draw(st.sampled_from(self.dtypes))
         if h.get("shape_like") in self.binding and isinstance(self.binding[h["shape_like"]], torch.Tensor):
             shape = tuple(self.binding[h["shape_like"]].shape)
+        elif value is not None and draw(st.booleans()):
+            shape = ()  # a constant operand is usually a 0-dim tensor: it broadcasts without changing the shape
         elif "rank" in h:
             shape = tuple(draw(shapes(min_rank=h["rank"], max_rank=h["rank"])))
         elif like is not None and draw(st.integers(0, 2)):
