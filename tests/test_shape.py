@@ -266,6 +266,21 @@ def test_slice_bounds_match_real_slicing(n, start, end, step):
     assert meta.shape == tuple(aten.slice.Tensor(x, 0, start, end, step).shape)
 
 
+@settings(max_examples=60, deadline=None)
+@given(rank_a=st.integers(1, 4), rank_b=st.integers(1, 4), batch=st.lists(st.sampled_from([1, 3]), min_size=2, max_size=2))
+def test_matmul_ranks_and_batch_broadcasting_match_real_matmul(rank_a, rank_b, batch):
+    a_shape = ([batch[0], 2][: max(rank_a - 2, 0)]) + ([5, 4] if rank_a >= 2 else [4])
+    b_shape = ([batch[1], 2][: max(rank_b - 2, 0)]) + ([4, 6] if rank_b >= 2 else [4])
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    try:
+        real = torch.matmul(a, b)
+    except RuntimeError:
+        with pytest.raises(ShapeInferenceError):
+            infer_meta(aten.matmul.default, (T(*a_shape), T(*b_shape)), {}, symbols())
+        return
+    assert infer_meta(aten.matmul.default, (T(*a_shape), T(*b_shape)), {}, symbols()) == _meta_of_real(real)
+
+
 def test_ops_without_rules_go_to_meta_kernels_symbolically():
     ctx = ShapeContext(symbols())
     assert infer_meta(aten.repeat.default, (T(S0, S1), [2, 1, 3]), {}, ctx).shape == (2, S0, 3 * S1)
