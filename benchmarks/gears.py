@@ -1,6 +1,6 @@
 """Gear vs dynamic: one static graph per gear against one dynamic graph, on MiniLM and GPT-2.
 
-    python benchmarks/gears.py [--models minilm gpt2] [--scenarios batch seq] [--repeat 10]
+    python benchmarks/gears.py [--models gpt2 minilm] [--scenarios batch seq] [--repeat 10] [--threads N]
 
 Scenarios: batch gears [1, 2, 4, 8, 16] at sequence 32, and sequence gears [8, 16, 32, 64] at
 batch 4. Contenders, all in one process, each starting from ``torch._dynamo.reset()``:
@@ -118,7 +118,11 @@ def main():
     parser.add_argument("--scenarios", nargs="+", default=["batch", "seq"], choices=list(SCENARIOS))
     parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's); 1 is steadier on a crowded machine")
     opts = parser.parse_args()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     torch._inductor.config.fx_graph_cache = False
     torch._dynamo.config.cache_size_limit = 64
     results = {}  # (model, scenario, contender) -> dict
