@@ -122,7 +122,9 @@ def test_seed_example_exports_and_runs_in_a_fresh_process(tmp_path):
     ops = [n["op"] for n in graph_file["graph"]["nodes"]]
     assert ops.count("aten.add.Tensor") == 3 and ops.count("placeholder") == 2  # weights are not inputs
     assert torch.equal(load_file(str(out_dir / "p1.safetensors"))["p1"], model.p1.detach())
-    assert 'type: "aten.add.Tensor"' in (out_dir / "dynamo.pbtxt").read_text()
+    dump = (out_dir / "dynamo.pbtxt").read_text()
+    assert 'type: "aten.add.Tensor"' in dump
+    assert "FileConstant(file=p1.safetensors" in dump and "FileConstant(file=p2.safetensors" in dump
 
     save_cases(tmp_path / "cases.safetensors", model, [(x, y), (torch.randn(2, 4), torch.randn(2, 4))])
     out = run_fresh(LOAD_AND_COMPARE.format(path=str(out_dir), name="export", cases=str(tmp_path / "cases.safetensors"),

@@ -218,4 +218,24 @@ def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: di
         "process_groups": process_groups(collectives) if collectives else {},
         "module_stack": record_stack,
     }
-    return Program(data, writer, g, graph_to_pbtxt(g))
+    return Program(data, writer, g, _dump_text(g, writer))
+
+
+class _FileConstant:
+    """Stands for a weight in the readable dump: where it lives instead of its values (like GE's FileConstant)."""
+
+    def __init__(self, record: dict):
+        self.record = record
+
+    def __repr__(self):
+        r = self.record
+        return f"FileConstant(file={r['file']}, dtype={r['dtype']}, shape={r['shape']}, sha256={r['sha256'][:16]}...)"
+
+
+def _dump_text(g: Graph, writer: WeightWriter) -> str:
+    dump = g.copy()
+    records = writer.records()
+    for n in dump.nodes:
+        if n.kind == "constant" and n.name in writer.node_weights:
+            n.attrs["value"] = _FileConstant(records[writer.node_weights[n.name]])
+    return graph_to_pbtxt(dump)

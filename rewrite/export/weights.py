@@ -53,6 +53,7 @@ class WeightWriter:
         self.files: dict[str, WeightFile] = {}
         self._by_storage: dict[tuple, str] = {}
         self._stems: set[str] = set()
+        self.node_weights: dict[str, str] = {}  # constant node name -> weight name
 
     def encode_constant(self, node: Node) -> dict:
         value = node.value
@@ -63,8 +64,9 @@ class WeightWriter:
         weight_name = node.attrs.get("weight_name")
         if weight_name is None and value.numel() <= INLINE_NUMEL:
             return {"tensor": encode_inline_tensor(value)}
-        name = self.names.get(weight_name) or f"constant_{node.name}"
-        return {"weight": self._add(name, value)}
+        name = self._add(self.names.get(weight_name) or f"constant_{node.name}", value)
+        self.node_weights[node.name] = name
+        return {"weight": name}
 
     def _add(self, name: str, tensor: torch.Tensor) -> str:
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
