@@ -46,7 +46,10 @@ Rules
     ``rule(lhs, rhs, when=(), name=None)`` returns a ``Rule``. ``rhs`` is a pattern built from
     ``lhs``'s variables and literals, or a Python callable ``rhs(**binding) -> value`` (a
     *computed* replacement, e.g. folding). Pattern rules run inside the e-graph; computed rules
-    are applied by the Python matcher on the IR between saturation rounds.
+    are applied by the Python matcher on the IR between saturation rounds: ``rhs`` receives each
+    variable's value (a constant's tensor, a literal, or the ``TensorMeta``/``SymMeta`` of any
+    other node) and returns None (no rewrite), a tensor or number (becomes a constant), or a
+    pattern built from the rule's ``Var`` objects (not from the values it received).
     Soundness guard applied by the engine to every rule: a replacement is only accepted where its
     dtype and shape equal those of the matched expression, so broadcasting or type promotion can
     never silently change a result. Replacements inherit the stream of the matched node, and all

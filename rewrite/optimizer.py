@@ -23,6 +23,7 @@ from .rules import check_user_rulesets, default_rulesets
 from .rules.cse import dedup_constants
 from .rules.dead_edge import eliminate_dead_edges
 from .rules.folding import fold_constants, fold_sizes
+from .rules.shape_ops import keep_outputs_fresh
 
 log = logging.getLogger("rewrite")
 
@@ -37,7 +38,7 @@ def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph
         return graph
     rulesets = default_rulesets() + check_user_rulesets(config.rules.extra)
     limits = Limits(config.rules.node_limit, float(config.rules.time_limit_s), config.rules.iteration_limit)
-    graph = graph.copy()
+    original, graph = graph, graph.copy()
     _optimize_subgraphs(graph, config, report)
     for round_no in range(MAX_ROUNDS):
         changed = run_passes(graph, config, report, rulesets)
@@ -51,6 +52,8 @@ def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph
         graph, fired = run_egraph(graph, rulesets, limits, report)
         if not fired:
             break
+    # A rule like x*1 -> x must not hand the caller its own input (or a constant) as a result.
+    report.count("fresh_outputs", keep_outputs_fresh(original, graph))
     return graph
 
 

@@ -24,7 +24,8 @@ def constant_key(value) -> tuple:
     t = value.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    raw = t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    # clone, not contiguous(): a 1-element tensor with stride 0 counts as contiguous but cannot be viewed as bytes.
+    raw = t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
     digest = hashlib.blake2b(raw.numpy().tobytes(), digest_size=16).hexdigest()
     return ("tensor", str(value.dtype), tuple(value.shape), str(value.device), value.requires_grad, digest)
 

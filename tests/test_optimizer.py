@@ -1,0 +1,192 @@
+"""The optimizer pipeline: folding, dedup, dead edges, user rulesets, and real models vs eager."""
+import pytest
+import sympy
+import torch
+
+import rewrite
+from rewrite import models
+from rewrite.config import CompilerConfig
+from rewrite.dsl import RuleSet, aten as A, is_float, rule, variables
+from rewrite.exec.codegen import compile_graph_to_python
+from rewrite.ir import Graph, TensorMeta
+from rewrite.optimizer import optimize
+from rewrite.report import GraphReport
+from rewrite.rules import default_rulesets, describe_rulesets
+from rewrite.rules.cse import dedup_constants
+from rewrite.rules.dead_edge import eliminate_dead_edges
+
+aten = torch.ops.aten
+S = sympy.Integer
+
+
+def meta(*shape, dtype=torch.float32):
+    return TensorMeta(dtype, tuple(S(s) for s in shape))
+
+
+def opt(graph, config=None):
+    report = GraphReport(graph.name)
+    return optimize(graph, config or CompilerConfig(), report), report
+
+
+def run(graph, *inputs):
+    return compile_graph_to_python(graph)(*inputs)
+
+
+def test_folding_evaluates_constant_subgraphs_but_not_random_ops():
+    g = Graph("fold")
+    x = g.placeholder("x", meta(4))
+    c = g.constant(torch.arange(4.0))
+    e = g.call(aten.exp.default, (c,), meta=meta(4))
+    s = g.call(aten.mul.Tensor, (e, 2.0), meta=meta(4))
+    r = g.call(aten.rand.default, ([4],), {"dtype": torch.float32, "device": torch.device("cpu"),
+                                           "pin_memory": False}, meta=meta(4))
+    y = g.call(aten.add.Tensor, (x, s), meta=meta(4))
+    z = g.call(aten.add.Tensor, (y, r), meta=meta(4))
+    g.set_output((y, z))
+    out, report = opt(g)
+    assert report.applied["fold"] == 2
+    assert "aten.exp.default" not in out.op_counts() and out.op_counts()["aten.rand.default"] == 1
+    t = torch.randn(4)
+    torch.testing.assert_close(run(out, t)[0], t + torch.arange(4.0).exp() * 2.0, rtol=0, atol=0)
+
+
+def test_fold_size_limit_is_respected():
+    g = Graph("big")
+    c = g.constant(torch.ones(100, 100))
+    e = g.call(aten.exp.default, (c,), meta=meta(100, 100))
+    g.set_output((e,))
+    config = CompilerConfig()
+    config.rules.fold_size_limit = 1000
+    out, report = opt(g, config)
+    assert "fold" not in report.applied and out.op_counts() == {"aten.exp.default": 1}
+    config.rules.fold_size_limit = 10_000
+    out, report = opt(g, config)
+    assert report.applied["fold"] == 1 and "aten.exp.default" not in out.op_counts()
+
+
+def test_dedup_merges_constants_by_content_and_keeps_signed_zeros_apart():
+    g = Graph("dedup")
+    x = g.placeholder("x", meta(3))
+    a = g.constant(torch.tensor([1.0, 2.0, 3.0]))
+    b = g.constant(torch.tensor([1.0, 2.0, 3.0]))
+    pz = g.constant(torch.tensor([0.0, 0.0, 0.0]))
+    nz = g.constant(torch.tensor([-0.0, 0.0, 0.0]))
+    outs = [g.call(aten.add.Tensor, (x, k), meta=meta(3)) for k in (a, b, pz, nz)]
+    g.set_output(tuple(outs))
+    assert dedup_constants(g) == 1
+    assert sum(1 for n in g.nodes if n.kind == "constant") == 3
+
+
+def _branch(op, name):
+    b = Graph(name)
+    p = b.placeholder("arg", meta(4))
+    b.set_output((b.call(op, (p,), meta=meta(4)),))
+    return b
+
+
+def _cond_graph(pred_value):
+    g = Graph("cond")
+    x = g.placeholder("x", meta(4))
+    pred = g.constant(torch.tensor(pred_value))
+    c = g.call(torch.ops.higher_order.cond, (pred, _branch(aten.sin.default, "t"), _branch(aten.cos.default, "f"), (x,)),
+               meta=(meta(4),))
+    y = g.call(__import__("operator").getitem, (c, 0), meta=meta(4))
+    g.set_output((y,))
+    return g
+
+
+@pytest.mark.parametrize("pred", [True, False])
+def test_dead_edge_inlines_the_selected_branch(pred):
+    g = _cond_graph(pred)
+    t = torch.randn(4)
+    out, report = opt(g)
+    assert report.applied["dead_edge"] == 1
+    assert out.op_counts() == {("aten.sin.default" if pred else "aten.cos.default"): 1}
+    torch.testing.assert_close(run(out, t)[0], t.sin() if pred else t.cos())
+
+
+def test_dead_edge_leaves_runtime_predicates_alone():
+    g = Graph("cond")
+    x = g.placeholder("x", meta(4))
+    p = g.placeholder("p", meta(dtype=torch.bool))
+    c = g.call(torch.ops.higher_order.cond, (p, _branch(aten.sin.default, "t"), _branch(aten.cos.default, "f"), (x,)),
+               meta=(meta(4),))
+    g.set_output((g.call(__import__("operator").getitem, (c, 0), meta=meta(4)),))
+    assert eliminate_dead_edges(g) == 0
+
+
+def test_user_rulesets_from_config_run_in_the_egraph():
+    x, = variables("x")
+    mine = RuleSet("user.exp_log", [rule(A.exp.default(A.log.default(x)), x, when=[is_float(x)], name="exp_log_demo")])
+    g = Graph("user")
+    p = g.placeholder("p", meta(4))
+    g.set_output((g.call(aten.exp.default, (g.call(aten.log.default, (p,), meta=meta(4)),), meta=meta(4)),))
+    config = CompilerConfig()
+    config.rules.extra = [mine]
+    out, report = opt(g, config)
+    assert report.applied["exp_log_demo"] >= 1
+    assert out.op_counts() == {"aten.clone.default": 1}  # the output would alias the input: kept fresh
+    config.rules.extra = ["not a ruleset"]
+    with pytest.raises(TypeError, match="rules.extra"):
+        opt(g, config)
+
+
+def test_computed_rules_run_on_the_ir():
+    x, c = variables("x c")
+
+    def scale_by_constant(x, c):  # receives values: c a constant tensor, x a TensorMeta
+        # mul by a constant tensor of twos -> add x to itself, built from the rule's variables
+        if isinstance(c, torch.Tensor) and bool((c == 2).all()):
+            return A.add.Tensor(X, X)
+        return None
+
+    X = x
+    mine = RuleSet("user.computed", [rule(A.mul.Tensor(x, c), scale_by_constant, name="mul_two_is_add")])
+    g = Graph("computed")
+    p = g.placeholder("p", meta(4))
+    two = g.constant(torch.full((4,), 2.0))
+    g.set_output((g.call(aten.mul.Tensor, (p, two), meta=meta(4)),))
+    config = CompilerConfig()
+    config.rules.extra = [mine]
+    out, report = opt(g, config)
+    assert report.applied["mul_two_is_add"] == 1 and out.op_counts() == {"aten.add.Tensor": 1}
+    t = torch.randn(4)
+    torch.testing.assert_close(run(out, t)[0], t * 2)
+
+
+def test_optimizing_an_optimized_graph_changes_nothing():
+    def fn(x):
+        return (x.relu() + x.relu()) * x.t().t()
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from rewrite.fx_bridge import from_fx
+
+    g = from_fx(make_fx(fn, tracing_mode="fake")(torch.randn(4, 4)))
+    once, _ = opt(g)
+    twice, report = opt(once)
+    assert twice.op_counts() == once.op_counts()
+    assert once.num_ops() < g.num_ops()
+
+
+def test_describe_rulesets_lists_passes_and_rules():
+    text = describe_rulesets()
+    assert "fold" in text and "dead_edge" in text
+    total = sum(len(rs) for rs in default_rulesets())
+    assert f"{total} rules" in text and total >= 40
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_real_models_match_eager_and_show_folding_cse_pruning(name):
+    model = getattr(models, name)()
+    ids = models.token_batch(2, 16)
+    config = CompilerConfig()
+    config.experimental_config.frozen_parameter = True  # weights become constants: folding applies
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+        report = rewrite.explain(model, ids, config=config)
+    torch.testing.assert_close(report.result.last_hidden_state, want, atol=2e-5, rtol=1e-4)
+    applied = report.applied()
+    assert report.ops_after < report.ops_before
+    assert applied.get("fold", 0) + applied.get("fold_sizes", 0) > 0
+    assert applied.get("prune", 0) + applied.get("dedup", 0) + applied.get("cse", 0) > 0
+    assert any(k.startswith("egraph.") for k in report.graphs[0].stage_seconds)
