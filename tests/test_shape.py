@@ -531,6 +531,26 @@ def test_shape_gather_reshape_chain_folds_to_constants():
     assert res[0].shape == (12, 2) and res[1] == 24
 
 
+def test_shape_tensor_gather_reshape_chain_folds_like_the_seed():
+    """The seed's form: Shape(x) -> Gather(indices [1, 0, 2]) -> Reshape, with the shape as a tensor."""
+    g = Graph("seed_tensors")
+    x = g.placeholder("x", T(2, 3, 4))
+    shape = g.call(aten._shape_as_tensor.default, (x,))
+    indices = g.constant(torch.tensor([1, 0, 2]))
+    gathered = g.call(aten.index_select.default, (shape, 0, indices))
+    dims = [g.call(aten._local_scalar_dense.default, (g.call(aten.select.int, (gathered, 0, i)),)) for i in range(3)]
+    y = g.call(aten.view.default, (g.call(aten.permute.default, (x, [1, 0, 2])), dims))
+    g.set_output((y, dims[0]))
+    infer_graph(g)
+    assert isinstance(dims[0].meta.expr, sympy.Symbol)  # before folding: a value only the data knows
+    assert fold_shape_computations(g) == 8  # shape, gather, 3 selects, 3 items
+    assert y.args[1] == [3, 2, 4] and y.meta == T(3, 2, 4)
+    assert [n.op for n in g.nodes if n.kind == "call"] == ["aten.permute.default", "aten.view.default"]
+    out = _run(g, [torch.arange(24.0).view(2, 3, 4)])
+    torch.testing.assert_close(out[0], torch.arange(24.0).view(2, 3, 4).permute(1, 0, 2))
+    assert out[1] == 3
+
+
 def test_symbolic_chain_folds_only_what_is_known():
     g = Graph("sym")
     g.symbols = symbols()

@@ -7,6 +7,10 @@ wherever that expression is a plain number, its readers get the number instead
 (``view(x, [%mul, 32])`` -> ``view(x, [128, 32])``) and the node goes. Inference runs again, since
 readers may now be foldable too, until nothing changes.
 
+Shapes can also travel as small integer tensors (``_shape_as_tensor``, then ``index_select`` =
+GE's Gather, ``select``, ``item()``): those computations are evaluated once every tensor they read
+is known, so the seed's chain folds in that form too.
+
 `substitute` is how a dynamic graph becomes a static one (gears): a copy whose metas have symbols
 replaced by values; `fold_shape_computations` on that copy then turns every size computation,
 including the SymInt inputs Dynamo passes, into constants.
@@ -60,7 +64,7 @@ def fold_shape_computations(graph: Graph, symbols=None) -> int:
     total = 0
     for _ in range(MAX_ROUNDS):
         infer_graph(graph, ctx)
-        folded = _fold_once(graph)
+        folded = _fold_once(graph) + _fold_shape_tensors(graph)
         total += folded
         if not folded:
             break
@@ -86,15 +90,78 @@ def _fold_once(graph: Graph) -> int:
         readers = users.get(node.id, [])
         if node.kind == "placeholder" and not readers:
             continue
-        for reader in readers:
-            if reader.kind == "output":
-                const = graph.constant(value, before=reader)
-                reader.args = map_nodes(reader.args, lambda n: const if n is node else n)
-            else:
-                reader.args = map_nodes(reader.args, lambda n: value if n is node else n)
-                reader.kwargs = map_nodes(reader.kwargs, lambda n: value if n is node else n)
+        _give_readers_the_value(graph, node, value, readers)
         if node.kind == "call":
             graph.remove(node)
+        folded += 1
+    return folded
+
+
+def _give_readers_the_value(graph: Graph, node: Node, value, readers) -> None:
+    """Readers get the plain number in place of ``node``; a graph output gets a constant node."""
+    for reader in readers:
+        if reader.kind == "output":
+            const = graph.constant(value, before=reader)
+            reader.args = map_nodes(reader.args, lambda n: const if n is node else n)
+        else:
+            reader.args = map_nodes(reader.args, lambda n: value if n is node else n)
+            reader.kwargs = map_nodes(reader.kwargs, lambda n: value if n is node else n)
+
+
+SHAPE_TENSOR_LIMIT = 64  # elements: larger integer tensors are data, left to the e-graph's folding
+_INPUT_LIMIT = 4096
+
+
+def _is_shape_tensor(meta) -> bool:
+    """A small static integer tensor: what shapes look like when they travel as tensors."""
+    return (isinstance(meta, TensorMeta) and meta.is_static() and not meta.dtype.is_floating_point
+            and not meta.dtype.is_complex and int(meta.numel()) <= SHAPE_TENSOR_LIMIT)
+
+
+def _shape_tensor_value(node: Node):
+    """The value of a shape-tensor computation whose inputs are all known, else None.
+
+    ``_shape_as_tensor(x)`` of a static ``x`` is known from its meta (GE's Shape op); other ops
+    (``index_select`` = Gather, ``select``, ``cat``, arithmetic, ``_local_scalar_dense`` = item)
+    are evaluated when every tensor they read is a constant.
+    """
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or is_side_effect(node):
+        return None
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return None
+    if target is torch.ops.aten._shape_as_tensor.default:
+        x = node.args[0]
+        if isinstance(x, Node) and isinstance(x.meta, TensorMeta) and x.meta.is_static():
+            return torch.tensor([int(d) for d in x.meta.shape], dtype=torch.int64)
+        return None
+    if not (_is_shape_tensor(node.meta) or (isinstance(node.meta, SymMeta) and node.meta.pytype is int)):
+        return None
+    inputs = node.inputs
+    if not inputs or any(i.kind != "constant" for i in inputs):
+        return None
+    for i in inputs:
+        if isinstance(i.value, torch.Tensor) and i.value.numel() > _INPUT_LIMIT:
+            return None
+    read = lambda n: n.value  # noqa: E731
+    return target(*map_nodes(node.args, read), **map_nodes(node.kwargs, read))
+
+
+def _fold_shape_tensors(graph: Graph) -> int:
+    """Shape computations carried by tensors become constants (seed 003's Shape -> Gather chain)."""
+    folded = 0
+    for node in list(graph.nodes):
+        if node.kind != "call":
+            continue
+        value = _shape_tensor_value(node)
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            const = graph.constant(value, before=node)
+            graph.replace_all_uses(node, const)
+        else:  # a Python number (item()): readers take it directly, as for folded sizes
+            _give_readers_the_value(graph, node, value, [r for r in graph.nodes if node in r.inputs])
+        graph.remove(node)
         folded += 1
     return folded
 

@@ -638,6 +638,11 @@ def sym_numel(ctx, a, op):
     return SymMeta(ctx.simplify(prod(a.self.shape)), int)
 
 
+def shape_as_tensor(ctx, a, op):
+    """GE's Shape op: the sizes as an int64 vector (on the CPU, like torch's)."""
+    return TensorMeta(torch.int64, (sympy.Integer(a.self.rank),), torch.device("cpu"))
+
+
 def assert_scalar(ctx, a, op):
     """Dynamo's runtime shape assertions: no output; one that is decided false is an error now."""
     cond = a.self
@@ -708,6 +713,7 @@ RULES = _table(
     (_ops("scaled_dot_product_attention.default"), sdpa),
     (_ops("_scaled_dot_product_flash_attention_for_cpu.default"), sdpa_flash_cpu),
     (_ops("_assert_scalar.default"), assert_scalar),
+    (_ops("_shape_as_tensor.default"), shape_as_tensor),
     (_ops("sym_size.int"), sym_size),
     (_ops("sym_numel.default"), sym_numel),
 )
