@@ -76,8 +76,7 @@ def fold_shape_computations(graph: Graph, symbols=None) -> int:
 
 def _fold_once(graph: Graph) -> int:
     users = graph.users()
-    # A node another one waits for (stream scopes) keeps its identity: the wait names it.
-    waited = {w.id for n in graph.nodes for w in n.attrs.get("wait_for", ()) if isinstance(w, Node)}
+    waited = _waited_on(graph)
     folded = 0
     for node in list(graph.nodes):
         for sub in _subgraphs((node.args, node.kwargs)):
@@ -95,6 +94,11 @@ def _fold_once(graph: Graph) -> int:
             graph.remove(node)
         folded += 1
     return folded
+
+
+def _waited_on(graph: Graph) -> set[int]:
+    """A node another one waits for (stream scopes) keeps its identity: the wait names it."""
+    return {w.id for n in graph.nodes for w in n.attrs.get("wait_for", ()) if isinstance(w, Node)}
 
 
 def _give_readers_the_value(graph: Graph, node: Node, value, readers) -> None:
@@ -150,8 +154,9 @@ def _shape_tensor_value(node: Node):
 def _fold_shape_tensors(graph: Graph) -> int:
     """Shape computations carried by tensors become constants (seed 003's Shape -> Gather chain)."""
     folded = 0
+    waited = _waited_on(graph)
     for node in list(graph.nodes):
-        if node.kind != "call":
+        if node.kind != "call" or node.id in waited:
             continue
         value = _shape_tensor_value(node)
         if value is None:
