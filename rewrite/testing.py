@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import itertools
 import logging
 import math
 import os
@@ -29,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from .exec.codegen import compile_graph_to_python
-from .ir import Graph, Node, TensorMeta, format_graph, iter_nodes
+from .ir import Graph, Node, TensorMeta, format_graph
 
 log = logging.getLogger("rewrite")
 aten = torch.ops.aten
@@ -49,7 +48,12 @@ __all__ = [
     "check_ruleset",
     "check_ruleset_module",
     "RuleCheckReport",
+    "ModuleCheckReport",
     "fuzz_examples",
+    "make_tensor",
+    "special_values",
+    "infer_meta",
+    "compare_tensors",
 ]
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -419,12 +423,14 @@ def shapes(draw, min_rank: int = 0, max_rank: int = 3, max_dim: int = MAX_DIM) -
 
 @st.composite
 def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.dtype] = GRAPH_DTYPES,
-           ops: Sequence[OpGen] = OPS, constants: bool = True) -> Graph:
+           ops: Sequence[OpGen] = OPS, constants: bool = True, mutations: bool = True) -> Graph:
     """A random valid graph: 1..max_inputs tensor inputs, 1..max_ops ops from ``ops``, 1-3 outputs.
 
-    Every op's output meta comes from torch's meta kernels, so the graph is valid by construction.
-    Some inputs share a shape (so binary ops, cat and where find partners), and small constant
-    tensors are mixed in (so folding has work to do).
+    Every op's output meta comes from torch's meta kernels (with strides), so the graph is valid
+    by construction. Some inputs share a shape (so binary ops, cat and where find partners), small
+    constant tensors are mixed in (so folding has work to do), and with ``mutations`` some graphs
+    end by updating an input with ``copy_``, the functional form AOTAutograd gives to in-place
+    updates of inputs (so a rewrite that returns an input where a fresh value was due shows up).
     """
     if not ops:
         raise ValueError("graphs(): ops must name at least one OpGen from rewrite.testing.OPS")
@@ -479,6 +485,13 @@ def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.d
         made.append(g.call(aten.clone.default, (pool[0],), meta=pool[0].meta))
     extra = draw(st.lists(st.sampled_from(made), max_size=2, unique_by=lambda n: n.id))
     outs = [made[-1]] + [n for n in extra if n is not made[-1]]
+    if mutations and draw(st.integers(0, 3)) == 0:
+        inputs = [p for p in g.placeholders if p.meta.dtype != torch.bool]
+        target = draw(st.sampled_from(inputs)) if inputs else None
+        sources = [n for n in made if target is not None and shape_of(n) == shape_of(target)
+                   and n.meta.dtype == target.meta.dtype]
+        if sources:
+            g.call(aten.copy_.default, (target, draw(st.sampled_from(sources))), meta=target.meta)
     g.set_output(tuple(outs))
     g.validate()
     return g
