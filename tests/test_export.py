@@ -328,8 +328,7 @@ def test_onnx_file_runs_in_onnxruntime_without_torch(tmp_path):
 # -- multi-rank -----------------------------------------------------------------------------------
 
 MP_MODEL = '''
-import os, sys, torch, torch.distributed as dist, rewrite
-from safetensors.torch import save_file
+import os, sys, torch, torch.distributed as dist
 
 class AllReduceSingeGroup(torch.nn.Module):
     def __init__(self):
@@ -343,6 +342,9 @@ class AllReduceSingeGroup(torch.nn.Module):
         return x
 
 def example(rank, world_size, path):
+    import rewrite  # in the ranks only: the spawning parent does not need it
+    from safetensors.torch import save_file
+
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     x = torch.ones([2, 2], dtype=torch.int32) * (rank + 1)
     y = torch.ones([2, 2], dtype=torch.int32)
@@ -363,10 +365,12 @@ if __name__ == "__main__":
 '''
 
 MP_LOAD = '''
-import os, sys, torch, torch.distributed as dist, rewrite
-from safetensors.torch import load_file
+import os, sys, torch, torch.distributed as dist
 
 def run(rank, world_size, path):
+    import rewrite
+    from safetensors.torch import load_file
+
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     model = rewrite.load(path, "mp_rank")
     data = load_file(os.path.join(path, f"eager{rank}.safetensors"))
