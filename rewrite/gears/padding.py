@@ -296,7 +296,11 @@ def _squeeze(node, states, s):
 def _slice(node, states, s):
     st = states[0]
     if not isinstance(st, Row):
+        start, step = _arg(node, 2, "start", 0), _arg(node, 4, "step", 1)
         if any(x is SYM for x in states[1:]):
+            # The first s entries of a table (position ids): row i is entry i whatever the padding.
+            if start in (0, None) and step == 1 and states[3] is SYM:
+                return _row_of_shape(_shape(node.meta), s) or INDEP
             raise NotRowwise(f"node %{node.name} ({node.op}) slices by a size that depends on {s}")
         return st
     rank = len(node.args[0].meta.shape)
@@ -517,7 +521,12 @@ def row_states(graph: Graph, s) -> dict:
         for v in node.kwargs.values():
             if isinstance(v, Node) and env[v.id] is not INDEP and transfer not in (_factory, _attention):
                 raise NotRowwise(f"node %{node.name} ({node.op}) takes a keyword argument depending on {s}")
-        env[node.id] = transfer(node, states, s)
+        try:
+            env[node.id] = transfer(node, states, s)
+        except NotRowwise as e:
+            if f"%{node.name} " in str(e):
+                raise
+            raise NotRowwise(f"node %{node.name} ({node.op}): {e}") from None
     return env
 
 
