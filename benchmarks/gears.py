@@ -138,8 +138,10 @@ def main():
             print(text, flush=True)
             plot(results, done, opts.contenders)
             command = "python benchmarks/gears.py " + " ".join(sys.argv[1:])
-            record_section("gears", f"## Gear vs dynamic\n\n`{command.strip()}`\n\n{machine_line()}\n\n"
-                                    f"{text}\n\n![gears](gears.png)")
+            load = "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+            record_section("gears", f"## Gear vs dynamic\n\n`{command.strip()}`\n\n{machine_line()}; {load} "
+                                    f"at the end (latency is best-of-{opts.repeat}; a loaded machine still adds "
+                                    f"noise)\n\n{text}\n\n![gears](gears.png)")
 
 
 def report(results, done, contenders) -> str:
