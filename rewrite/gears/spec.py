@@ -97,7 +97,7 @@ def _allow_size_one() -> None:
     cfg = torch.fx.experimental._config
     if not _saved_size_oblivious:
         _saved_size_oblivious.append(cfg.backed_size_oblivious)
-        log.debug("set_dim_gears: backed_size_oblivious on until the geared graph is traced")
+        log.debug("set_dim_gears: backed_size_oblivious on until the geared graph first runs")
     cfg.backed_size_oblivious = True
 
 
