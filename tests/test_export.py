@@ -263,6 +263,27 @@ def test_data_dependent_control_flow_is_an_error_and_writes_nothing(tmp_path):
     assert not target.exists()
 
 
+class CondModel(torch.nn.Module):
+    """The exportable spelling of a data-dependent branch: torch.cond, whose branches are subgraphs."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x @ self.w, lambda x: x - 1.0, (x,))
+
+
+def test_torch_cond_branches_are_exported_as_subgraphs(tmp_path):
+    model = CondModel()
+    rewrite.dynamo_export(torch.randn(3, 4), model=model, export_path=str(tmp_path / "cond"))
+    nodes = json.loads((tmp_path / "cond" / "export.json").read_text())["graph"]["nodes"]
+    assert any(n["op"] == "higher_order.cond" for n in nodes)
+    loaded = rewrite.load(str(tmp_path / "cond"))
+    for x in (torch.ones(3, 4), -torch.ones(3, 4)):  # both branches
+        torch.testing.assert_close(loaded(x), model(x).detach())
+
+
 def test_bad_arguments_are_rejected_before_any_work(tmp_path):
     with pytest.raises(ExportError, match="export_name 'a/b' must be a plain file name"):
         rewrite.dynamo_export(torch.randn(2, 4), torch.randn(2, 4), model=SeedModel(), export_path=str(tmp_path),
