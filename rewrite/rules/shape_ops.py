@@ -16,7 +16,10 @@ layout: so a fresh copy is never replaced by a bare ``view`` of something else, 
 
 Deliberately left out: ``clone(x) -> x`` in general. AOTAutograd emits ``clone`` exactly where a
 later ``view`` needs a contiguous layout (``expand -> clone -> view``), so dropping it breaks
-that view; ``_unsafe_view(clone(x)) -> reshape(x)`` below keeps the values and the safety.
+that view; ``_unsafe_view(clone(x)) -> reshape(x)`` below keeps the values and the safety. What is
+sound is dropping a layout-preserving clone of a value that a compute op has just produced
+(FRESH_CLONES): that value is already a dense tensor nobody else holds or mutates, and the clone
+would copy it with the same strides.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import torch
 
 from ..dsl import RuleSet, aten, dtype_is, rule, shape_is, variables
 
-__all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "RULESETS"]
+__all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "RULESETS", "keep_outputs_fresh", "alias_base"]
 
 x, s, a, b, d, e, m, dt = variables("x s a b d e m dt")
 
@@ -142,7 +145,25 @@ CASTS = RuleSet("shape.casts", [
     for mid, sources in EXACT_IN.items()
 ], description="a cast through a wider dtype that loses nothing collapses into one cast")
 
-RULESETS = [NOOPS, VIEW_CHAINS, PERMUTES, CASTS]
+# -- a clone of a value just computed is a copy nobody needs -----------------------------------------
+# Compute ops (TensorIterator kernels) return a fresh, dense tensor; clone with the default
+# (preserve) memory format copies it with the same strides. Only the graph can see that value, and
+# functional graphs mutate nothing but their inputs, so the copy changes nothing.
+y = variables("y")[0]
+_UNARY_COMPUTE = ("neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "reciprocal")
+_BINARY_COMPUTE = (("add", "Tensor"), ("sub", "Tensor"), ("mul", "Tensor"), ("div", "Tensor"),
+                   ("maximum", "default"), ("minimum", "default"))
+FRESH_CLONES = RuleSet("shape.fresh_clones", [
+    rule(aten.clone.default(getattr(aten, name).default(x)), getattr(aten, name).default(x), when=[tensor(x)],
+         name=f"clone_of_{name}")
+    for name in _UNARY_COMPUTE
+] + [
+    rule(aten.clone.default(getattr(getattr(aten, name), overload)(x, y)), getattr(getattr(aten, name), overload)(x, y),
+         when=[tensor(x)], name=f"clone_of_{name}")
+    for name, overload in _BINARY_COMPUTE
+], description="clone (preserve format) of a freshly computed elementwise result is dropped")
+
+RULESETS = [NOOPS, VIEW_CHAINS, PERMUTES, CASTS, FRESH_CLONES]
 
 
 # -- the graph boundary: results that were fresh stay fresh -----------------------------------------
