@@ -108,7 +108,7 @@ def _bind_inputs(g: Graph, cap: Captured, input_spec: dict, leaves: list, weight
         if isinstance(t, torch.Tensor):
             leaf_by_id.setdefault(id(t), i)
     scalar_leaf_by_name = {}
-    for i, (name, struct) in enumerate(zip(input_spec["names"], input_spec["positional"])):
+    for name, struct in zip(input_spec["names"], input_spec["positional"]):
         if isinstance(struct, dict) and struct.get("type") in ("int", "float", "bool"):
             scalar_leaf_by_name[name] = struct["leaf"]
     for name, struct in input_spec["keyword"].items():
