@@ -18,7 +18,7 @@ from ..ir import Graph, is_side_effect, map_nodes
 from .compile import RuleCompiler
 from .cost import graph_cost
 from .extract import extract
-from .load import load_graph
+from .load import LOAD_PRELUDE, load_graph
 from .rebuild import rebuild
 from .saturate import Limits, SaturationResult, Saturator
 from .snapshot import Snapshot
@@ -37,6 +37,7 @@ class Engine:
         self.egraph = eb.EGraph()
         self.tables = Tables()
         self.egraph.run_program(*self.egraph.parse_program(PRELUDE))
+        self.egraph.run_program(*self.egraph.parse_program(LOAD_PRELUDE))
         compiler = RuleCompiler(self.tables)
         self.schedule, bodies = [], []
         for rs in rulesets:

@@ -70,7 +70,7 @@ class Decoder:
         if isinstance(cls, tuple) and cls and cls[0] == "prim":
             return self.snap.literal_text(cls)
         if cls in self._reverse_table:
-            return f"(node {self._reverse_table[cls]})"
+            return f"(Ref {self._reverse_table[cls]})"
         if depth > 200:
             raise RecursionError("e-class handle too deep")
         node = self.snap.classes[cls][0]

@@ -1,38 +1,78 @@
-"""IR graph -> egglog, one short command per node through the node table (DESIGN.md's fast path).
+"""IR graph -> egglog, in bulk: rows in tab-separated files, read by egglog's ``input`` command.
 
-Every IR node #k becomes ``(set (node k) <term>)`` followed by its analyses (meta, dtype, shape,
-rank; splat for constants; sizes for list arguments), parsed a node at a time: parsing one big
-program is quadratic. Nodes whose terms are textually equal are CSE'd here already (they would
-hash-cons to one e-class anyway); the count goes to the report as "cse".
+Every IR node #k and every argument value gets a reference ``(Ref r)``; the graph becomes rows of
+small relations (``RowCall2 r "aten.add.Tensor" a b "stream"``, ``RowInt r 1``, ``RowMeta r
+"T:float32:cpu:[8,16]"``...) and one run of the ``load`` ruleset unions each ``(Ref r)`` with the
+term its row describes. Node order does not matter (references are unions, not lookups), so one
+iteration loads the whole graph.
+
+Measured here: a 20,000-node chain loads in ~0.13 s this way against ~3 s for one ``set`` command
+per node (DESIGN.md's node table; each command costs 0.1-0.2 ms whatever its size). Nodes whose
+terms are equal get one reference (they would hash-cons to one e-class anyway); their number is
+reported as "cse".
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
+import tempfile
 
 import torch
 
 from ..dsl import canonical_call, dtype_str, register_target, shape_key, splat_key, target_name
-from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_nodes
+from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect
 from ..rules.cse import constant_key
-from .terms import Tables, Unencodable, call_term, list_term, literal_term, quote
+from ..utils import atomic_write_text
+from .terms import MAX_CALL_ARITY, Tables, Unencodable, float_key
 
 log = logging.getLogger("rewrite")
 
-SPLAT_SIZE_LIMIT = 1 << 20
-BATCH_COMMANDS = 16  # commands per egglog call while loading (measured best of 1, 16, 256)
+SPLAT_SIZE_LIMIT = 1 << 20  # constants larger than this are not scanned for a splat value
+
+
+def _call_row(k: int) -> tuple[str, str]:
+    terms = " ".join(f"(Ref a{i})" for i in range(k))
+    cols = " ".join(f"a{i}" for i in range(k))
+    return (f"(relation RowCall{k} (i64 String {'i64 ' * k}String))",
+            f"(rule ((RowCall{k} r op {cols} s)) ((union (Ref r) (Call{k} op {terms} s))) :ruleset load)")
+
+
+# Row relations and the rules that turn rows into terms (declared once per engine).
+LOAD_PRELUDE = "\n".join([
+    "(ruleset load)",
+    "(relation RowInput (i64 i64))", "(rule ((RowInput r i)) ((union (Ref r) (Input i))) :ruleset load)",
+    "(relation RowConst (i64 i64))", "(rule ((RowConst r i)) ((union (Ref r) (Const i))) :ruleset load)",
+    "(relation RowInt (i64 i64))", "(rule ((RowInt r v)) ((union (Ref r) (Int v))) :ruleset load)",
+    "(relation RowFlt (i64 String))", "(rule ((RowFlt r v)) ((union (Ref r) (Flt v))) :ruleset load)",
+    "(relation RowAtom (i64 String))", "(rule ((RowAtom r v)) ((union (Ref r) (Atom v))) :ruleset load)",
+    "(relation RowOpaque (i64 i64))", "(rule ((RowOpaque r v)) ((union (Ref r) (Opaque v))) :ruleset load)",
+    "(relation RowNil (i64))", "(rule ((RowNil l)) ((union (LRef l) (Nil))) :ruleset load)",
+    "(relation RowCons (i64 i64 i64))", "(rule ((RowCons l h t)) ((union (LRef l) (Cons (Ref h) (LRef t)))) :ruleset load)",
+    "(relation RowLst (i64 i64))", "(rule ((RowLst r l)) ((union (Ref r) (Lst (LRef l)))) :ruleset load)",
+    "(relation RowTup (i64 i64))", "(rule ((RowTup r l)) ((union (Ref r) (Tup (LRef l)))) :ruleset load)",
+    "(relation RowCallN (i64 String i64 String))",
+    "(rule ((RowCallN r op l s)) ((union (Ref r) (CallN op (LRef l) s))) :ruleset load)",
+    "(relation RowPinned (i64 i64 i64))", "(rule ((RowPinned r k l)) ((union (Ref r) (Pinned k (LRef l)))) :ruleset load)",
+    "(relation RowMeta (i64 String))", "(rule ((RowMeta r m)) ((set (meta (Ref r)) m)) :ruleset load)",
+    "(relation RowSplat (i64 String))", "(rule ((RowSplat r v)) ((set (splat (Ref r)) v)) :ruleset load)",
+    "(relation RowSizes (i64 String))", "(rule ((RowSizes r v)) ((set (sizes (Ref r)) v)) :ruleset load)",
+    "(relation RowDesc (String String i64))", "(rule ((RowDesc m d n)) ((set (dtype m) d) (set (rank m) n)) :ruleset load)",
+    "(relation RowShape (String String))", "(rule ((RowShape m sh)) ((set (shape m) sh)) :ruleset load)",
+] + [line for k in range(MAX_CALL_ARITY + 1) for line in _call_row(k)])
 
 
 @dataclasses.dataclass
 class Loaded:
-    """What the loader learnt about the graph: node indices, pinned nodes, CSE count."""
+    """What the loader learnt about the graph: node references, pinned nodes, CSE count."""
 
-    index: dict[int, int]                 # IR node id -> node-table index k
-    nodes: list[Node]                     # node-table index -> original IR node
-    pinned: list[int]                     # node-table indices of pinned nodes, in graph order
+    index: dict[int, int]                 # IR node id -> node index k (its reference is (Ref k))
+    nodes: list[Node]                     # node index -> original IR node
+    pinned: list[int]                     # node indices of pinned nodes, in graph order
     side_effects: list[int]               # pinned nodes that must survive without readers
     cse: int = 0
-    commands: int = 0
+    rows: int = 0
 
 
 def is_nondeterministic(node: Node) -> bool:
@@ -51,129 +91,208 @@ def must_pin(node: Node) -> bool:
 
 
 class Loader:
-    def __init__(self, egraph, tables: Tables):
-        self.egraph = egraph
+    def __init__(self, tables: Tables, n_nodes: int):
         self.tables = tables
         self.loaded = Loaded({}, [], [], [])
+        self.rows: dict[str, list[str]] = {}
+        self.next_ref = n_nodes          # references 0..n-1 are the IR nodes themselves
+        self.next_list = 0
+        self._literal_refs: dict[tuple, int] = {}
         self._const_index: dict = {}
-        self._seen_terms: dict[str, int] = {}
-        self._splat_done: set[str] = set()
-        self._batch: list[str] = []
+        self._canonical: dict[int, int] = {}   # node index -> index of the first equal node
+        self._seen: dict[tuple, int] = {}
 
-    def run(self, cmds: list[str]) -> None:
-        """Queue commands; they are sent in batches of a few nodes (each egglog call has a fixed
-        cost that grows with the number of declared tables, and one huge program parses in
-        quadratic time)."""
-        self._batch.extend(cmds)
-        self.loaded.commands += len(cmds)
-        if len(self._batch) >= BATCH_COMMANDS:
-            self.flush()
+    def row(self, relation: str, *cols) -> None:
+        self.rows.setdefault(relation, []).append("\t".join(str(c) for c in cols))
 
-    def flush(self) -> None:
-        if self._batch:
-            self.egraph.run_program(*self.egraph.parse_program("".join(self._batch)))
-            self._batch = []
+    # -- values -------------------------------------------------------------------------------
+    def ref(self, value) -> int:
+        """Reference of an argument value (an IR node or a literal), emitting its rows once."""
+        if isinstance(value, Node):
+            k = self.loaded.index[value.id]
+            return self._canonical.get(k, k)
+        key = _literal_key(value)
+        if key is not None and key in self._literal_refs:
+            return self._literal_refs[key]
+        r = self.next_ref
+        self.next_ref += 1
+        if key is not None:
+            self._literal_refs[key] = r
+        self.literal_rows(r, value)
+        return r
 
-    def node_term(self, node: Node) -> str:
-        return f"(node {self.loaded.index[node.id]})"
+    def literal_rows(self, r: int, value) -> None:
+        t = self.tables
+        if isinstance(value, bool) or value is None:
+            self.row("RowAtom", r, t.atom_key(value))
+        elif isinstance(value, int):
+            if -(2 ** 63) <= value < 2 ** 63:
+                self.row("RowInt", r, value)
+                self.row("RowSplat", r, splat_key(value))
+            else:
+                self.row("RowAtom", r, t.atom_key(value))
+        elif isinstance(value, float):
+            self.row("RowFlt", r, float_key(value))
+            s = splat_key(value)
+            if s is not None:
+                self.row("RowSplat", r, s)
+        elif isinstance(value, (list, tuple)):
+            self.row("RowLst" if isinstance(value, list) else "RowTup", r, self.list_ref([self.ref(v) for v in value]))
+            sizes = _sizes(value)
+            if sizes is not None:
+                self.row("RowSizes", r, sizes)
+        elif isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, str)):
+            self.row("RowAtom", r, t.atom_key(value))
+        elif isinstance(value, torch.Tensor) or callable(value) or isinstance(value, Graph):
+            self.row("RowOpaque", r, t.opaque_index(value))
+        else:
+            raise Unencodable(type(value).__name__)
 
+    def list_ref(self, refs: list[int]) -> int:
+        tail = self.next_list
+        self.next_list += 1
+        self.row("RowNil", tail)
+        for h in reversed(refs):
+            cell = self.next_list
+            self.next_list += 1
+            self.row("RowCons", cell, h, tail)
+            tail = cell
+        return tail
+
+    # -- nodes --------------------------------------------------------------------------------
     def load(self, graph: Graph) -> Loaded:
         placeholder_index = {p.id: i for i, p in enumerate(graph.placeholders)}
-        for node in graph.nodes:
-            if node.kind == "output":
-                continue
-            k = len(self.loaded.nodes)
+        body = [n for n in graph.nodes if n.kind != "output"]
+        for k, node in enumerate(body):
             self.loaded.index[node.id] = k
             self.loaded.nodes.append(node)
-            cmds: list[str] = []
+        for k, node in enumerate(body):
             if node.kind == "placeholder":
-                term = f"(Input {placeholder_index[node.id]})"
+                self.row("RowInput", k, placeholder_index[node.id])
             elif node.kind == "constant":
-                term = self.constant_term(node, cmds)
-            else:
-                term = None if must_pin(node) else self.call_term(node, cmds)
-                if term is None:
-                    term = self.pinned_term(node, k)
-                    self.loaded.pinned.append(k)
-                    if is_side_effect(node):
-                        self.loaded.side_effects.append(k)
-            previous = self._seen_terms.get(term)
-            if previous is not None and node.kind == "call":
-                self.loaded.cse += 1
-            else:
-                self._seen_terms.setdefault(term, k)
-            cmds.insert(0, f"(set (node {k}) {term})")
-            cmds.extend(self.meta_commands(f"(node {k})", node.meta))
-            self.run(cmds)
-        self.flush()
+                self.constant_rows(k, node)
+            elif must_pin(node) or not self.call_rows(k, node):
+                self.pinned_rows(k, node)
+            self.meta_rows(k, node.meta)
+        self.loaded.rows = sum(len(v) for v in self.rows.values())
         return self.loaded
 
-    # -- terms ------------------------------------------------------------------------------
-    def constant_term(self, node: Node, cmds: list[str]) -> str:
+    def constant_rows(self, k: int, node: Node) -> None:
         value = node.value
         if not isinstance(value, torch.Tensor):
             try:
-                return literal_term(value, self.tables, self.node_term)
+                self.literal_rows(k, value)
             except Unencodable:
-                return self.tables.opaque_term(value)
+                self.row("RowOpaque", k, self.tables.opaque_index(value))
+            return
         key = constant_key(value)
         idx = self._const_index.get(key)
         if idx is None:
             idx = len(self.tables.constants)
             self.tables.constants.append(value)
             self._const_index[key] = idx
-            if value.numel() <= SPLAT_SIZE_LIMIT:
-                s = splat_key(value)
-                if s is not None:
-                    cmds.append(f'(set (splat (Const {idx})) "{s}")')
-        return f"(Const {idx})"
-
-    def call_term(self, node: Node, cmds: list[str]) -> str | None:
-        """The Call term of an unpinned node, or None if an argument has no term form."""
-        try:
-            args, kwargs = canonical_call(node.target, node.args, node.kwargs)
-            values = list(args) + list(kwargs.values())
-            items = [literal_term(v, self.tables, self.node_term) for v in values]
-        except (Unencodable, ValueError) as e:
-            log.debug("e-graph: node %s (%s) kept opaque: %s", node.name, node.op, e)
-            return None
-        for v, item in zip(values, items):
-            self.literal_analyses(v, item, cmds)
-        stream = self.tables.stream(node.attrs.get("stream"))
-        register_target(node.target)
-        return call_term(target_name(node.target), items, quote(stream))
-
-    def pinned_term(self, node: Node, k: int) -> str:
-        deps = list(node.inputs) + [w for w in node.attrs.get("wait_for", ()) if isinstance(w, Node)]
-        return f"(Pinned {k} {list_term([self.node_term(d) for d in deps])})"
-
-    # -- analyses -----------------------------------------------------------------------------
-    def literal_analyses(self, value, term: str, cmds: list[str]) -> None:
-        """``sizes`` of size lists and ``splat`` of scalar literals, so conditions can see them."""
-        if isinstance(value, (list, tuple)) and value:
-            sizes = []
-            for v in value:
-                if isinstance(v, Node) and isinstance(v.meta, SymMeta) and v.meta.pytype is int:
-                    sizes.append(v.meta.expr)
-                elif isinstance(v, int) and not isinstance(v, bool):
-                    sizes.append(v)
-                else:
-                    return
-            key = shape_key(sizes)
-            if len(key) < 200 and '"' not in key:
-                cmds.append(f'(set (sizes {term}) "{key}")')
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and term not in self._splat_done:
+        self.row("RowConst", k, idx)
+        if value.numel() <= SPLAT_SIZE_LIMIT:
             s = splat_key(value)
             if s is not None:
-                self._splat_done.add(term)
-                cmds.append(f'(set (splat {term}) "{s}")')
+                self.row("RowSplat", k, s)
 
-    def meta_commands(self, handle: str, meta) -> list[str]:
-        return meta_commands(self.tables, handle, meta)
+    def call_rows(self, k: int, node: Node) -> bool:
+        """Rows of an unpinned call; False if an argument has no term form (the node is pinned)."""
+        try:
+            args, kwargs = canonical_call(node.target, node.args, node.kwargs)
+            refs = [self.ref(v) for v in list(args) + list(kwargs.values())]
+        except (Unencodable, ValueError) as e:
+            log.debug("e-graph: node %s (%s) kept opaque: %s", node.name, node.op, e)
+            return False
+        register_target(node.target)
+        op = target_name(node.target)
+        stream = self.tables.stream(node.attrs.get("stream"))
+        key = (op, tuple(refs), stream)
+        first = self._seen.setdefault(key, k)
+        if first != k:
+            self._canonical[k] = first
+            self.loaded.cse += 1
+        if len(refs) <= MAX_CALL_ARITY:
+            self.row(f"RowCall{len(refs)}", k, op, *refs, stream)
+        else:
+            self.row("RowCallN", k, op, self.list_ref(refs), stream)
+        return True
+
+    def pinned_rows(self, k: int, node: Node) -> None:
+        deps = list(node.inputs) + [w for w in node.attrs.get("wait_for", ()) if isinstance(w, Node)]
+        self.row("RowPinned", k, k, self.list_ref([self.ref(d) for d in deps]))
+        self.loaded.pinned.append(k)
+        if is_side_effect(node):
+            self.loaded.side_effects.append(k)
+
+    def meta_rows(self, r: int, meta) -> None:
+        key = self.tables.meta_key(meta)
+        if key is None:
+            return
+        self.row("RowMeta", r, key)
+        if isinstance(meta, TensorMeta) and key not in self.tables.described:
+            self.tables.described.add(key)
+            skey = shape_key(meta.shape)
+            self.row("RowDesc", key, dtype_str(meta.dtype), len(meta.shape))
+            if _safe(skey):
+                self.row("RowShape", key, skey)
+
+    # -- into egglog --------------------------------------------------------------------------
+    def send(self, egraph) -> None:
+        folder = tempfile.mkdtemp(prefix="rewrite-egraph-")
+        try:
+            cmds = []
+            for relation, lines in self.rows.items():
+                path = os.path.join(folder, f"{relation}.tsv")
+                atomic_write_text(path, "\n".join(lines) + "\n")
+                cmds.append(f'(input {relation} "{path}")')
+            egraph.run_program(*egraph.parse_program("".join(cmds)))
+            egraph.run_program(*egraph.parse_program("(run-schedule (run load))"))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _literal_key(value):
+    """Hashable identity of a literal, so equal literals share one reference (None: never shared)."""
+    if isinstance(value, (bool, int, str)) or value is None:
+        return (type(value).__name__, value)
+    if isinstance(value, float):
+        return ("float", float_key(value))
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (type(value).__name__, str(value))
+    return None
+
+
+def _sizes(value) -> str | None:
+    """The list read as a shape (ints and SymInt nodes), for ``shape_is`` conditions."""
+    if not value:
+        return None
+    sizes = []
+    for v in value:
+        if isinstance(v, Node) and isinstance(v.meta, SymMeta) and v.meta.pytype is int:
+            sizes.append(v.meta.expr)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            sizes.append(v)
+        else:
+            return None
+    key = shape_key(sizes)
+    return key if _safe(key) else None
+
+
+def _safe(text: str) -> bool:
+    return len(text) < 200 and not any(ch in text for ch in '"\t\n\\')
+
+
+def load_graph(egraph, tables: Tables, graph: Graph) -> Loaded:
+    loader = Loader(tables, sum(1 for n in graph.nodes if n.kind != "output"))
+    loaded = loader.load(graph)
+    loader.send(egraph)
+    return loaded
 
 
 def meta_commands(tables: Tables, handle: str, meta) -> list[str]:
-    """egglog commands that record ``meta`` for the e-class named by ``handle``."""
+    """egglog commands that record ``meta`` for the e-class named by ``handle`` (new e-classes)."""
     key = tables.meta_key(meta)
     if key is None:
         return []
@@ -183,13 +302,9 @@ def meta_commands(tables: Tables, handle: str, meta) -> list[str]:
         skey = shape_key(meta.shape)
         cmds.append(f'(set (dtype "{key}") "{dtype_str(meta.dtype)}")')
         cmds.append(f'(set (rank "{key}") {len(meta.shape)})')
-        if len(skey) < 200 and '"' not in skey:
+        if _safe(skey):
             cmds.append(f'(set (shape "{key}") "{skey}")')
     return cmds
 
 
-def load_graph(egraph, tables: Tables, graph: Graph) -> Loaded:
-    return Loader(egraph, tables).load(graph)
-
-
-__all__ = ["Loaded", "load_graph", "must_pin", "meta_commands", "is_nondeterministic", "iter_nodes"]
+__all__ = ["Loaded", "load_graph", "must_pin", "meta_commands", "is_nondeterministic", "LOAD_PRELUDE"]

@@ -33,7 +33,8 @@ class Rebuilder:
         self.values: dict[str, object] = {}       # e-class -> built value (Node or Python value)
         self.originals: dict[str, list[Node]] = {}
         for k, cls in snap.node_table.items():
-            self.originals.setdefault(cls, []).append(loaded.nodes[k])
+            if k < len(loaded.nodes):  # references past the nodes name argument values
+                self.originals.setdefault(cls, []).append(loaded.nodes[k])
         self.placeholders = []
         for p in source.placeholders:
             q = Node("placeholder", meta=p.meta, attrs=dict(p.attrs), name=p.name)

@@ -40,7 +40,7 @@ class Snapshot:
                 ins = tuple(("prim", c(v)) if c else (s, v) for c, s, v in zip(convert, sorts, row.inputs))
                 if not is_analysis:
                     self.classes.setdefault((out_sort, row.output), []).append(ENode(name, ins))
-                elif name == "node":
+                elif name == "Ref":
                     self.node_table[ins[0][1]] = (out_sort, row.output)
                 elif name == "Pending":
                     self.analysis["Pending"].setdefault(ins[0], []).append(ins[1])

@@ -58,7 +58,8 @@ PRELUDE = """
 (constructor Tup (TList) Term)
 (constructor Opaque (i64) Term)
 (constructor Pinned (i64 TList) Term)
-(function node (i64) Term :no-merge)
+(constructor Ref (i64) Term)
+(constructor LRef (i64) TList)
 (function meta (Term) String :merge old)
 (function dtype (String) String :merge old)
 (function shape (String) String :merge old)
@@ -92,7 +93,7 @@ def call_term(op_name: str, items: list[str], stream: str) -> str:
 
 
 # Functions of the prelude that are analyses, not term constructors (extraction ignores them).
-ANALYSES = frozenset({"node", "meta", "dtype", "shape", "rank", "sizes", "splat", "Pending"})
+ANALYSES = frozenset({"Ref", "LRef", "meta", "dtype", "shape", "rank", "sizes", "splat", "Pending"})
 
 _SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-[](),+*/ @#<>=")
 
@@ -126,6 +127,9 @@ class Tables:
         return key
 
     def atom(self, value) -> str:
+        return f'(Atom "{self.atom_key(value)}")'
+
+    def atom_key(self, value) -> str:
         if value is None:
             text = "None"
         elif isinstance(value, bool):
@@ -142,8 +146,7 @@ class Tables:
             text = f"bigint:{value}"
         else:
             raise Unencodable(type(value).__name__)
-        key = self.safe_string(text, self.atoms, value)
-        return f'(Atom "{key}")'
+        return self.safe_string(text, self.atoms, value)
 
     def stream(self, tag) -> str:
         if tag is None:
@@ -151,12 +154,15 @@ class Tables:
         return self.safe_string(f"s:{tag}", self.streams, tag)
 
     def opaque_term(self, value) -> str:
+        return f"(Opaque {self.opaque_index(value)})"
+
+    def opaque_index(self, value) -> int:
         idx = self._opaque_ids.get(id(value))
         if idx is None:
             idx = len(self.opaque)
             self.opaque.append(value)
             self._opaque_ids[id(value)] = idx
-        return f"(Opaque {idx})"
+        return idx
 
     def meta_key(self, meta) -> str | None:
         """Canonical string of a meta (registered so it can be read back); None if no meta."""

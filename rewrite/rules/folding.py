@@ -62,42 +62,58 @@ def _result_fits(meta, size_limit: int) -> bool:
 
 
 def fold_constants(graph: Graph, size_limit: int) -> int:
-    """Evaluate foldable nodes with all-constant inputs; returns how many were folded."""
-    folded = 0
+    """Evaluate foldable nodes with all-constant inputs; returns how many were folded.
+
+    One pass in graph order (readers come after what they read, so folds cascade within the
+    pass), rebuilding the node list once: replacing uses node by node would be quadratic.
+    """
+    replaced: dict[int, Node] = {}
+    swap = lambda n: replaced.get(n.id, n)  # noqa: E731
     waited = waited_on(graph)
-    for node in list(graph.nodes):
-        if node.id in waited or not can_fold(node) or not _result_fits(node.meta, size_limit):
+    kept: list[Node] = []
+    for node in graph.nodes:
+        if replaced and any(i.id in replaced for i in node.inputs):
+            node.args = map_nodes(node.args, swap)
+            node.kwargs = map_nodes(node.kwargs, swap)
+        const = None
+        if (node.kind == "call" and all(i.kind == "constant" for i in node.inputs) and node.id not in waited
+                and can_fold(node) and _result_fits(node.meta, size_limit)):
+            const = _evaluate(node)
+        if const is None:
+            kept.append(node)
             continue
-        inputs = node.inputs
-        if not all(i.kind == "constant" for i in inputs):
-            continue
-        value_of = {i.id: i.value for i in inputs}
+        const.graph = graph
+        replaced[node.id] = const
+        kept.append(const)
+    graph.nodes = kept
+    return len(replaced)
 
-        def value(n):
-            return value_of[n.id]
 
-        try:
-            with torch.no_grad():
-                result = node.target(*map_nodes(node.args, value), **map_nodes(node.kwargs, value))
-        except Exception as e:  # a kernel that refuses these inputs is simply not folded
-            log.debug("folding %s (%s) failed: %s", node.name, node.op, e)
-            continue
-        if isinstance(result, torch.Tensor):
-            if not isinstance(node.meta, TensorMeta) or str(meta_of_value(result)) != str(node.meta):
-                continue
-            if any(result.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
-                   for v in value_of.values() if isinstance(v, torch.Tensor) and v.numel()):
-                result = result.clone()  # a folded view must not alias another constant
-        elif isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            continue
-        elif not isinstance(result, (int, float, bool)):
-            continue
-        const = graph.constant(result, node.meta if isinstance(result, torch.Tensor) else meta_of_value(result),
-                               before=node)
-        graph.replace_all_uses(node, const)
-        graph.remove(node)
-        folded += 1
-    return folded
+def _evaluate(node: Node) -> Node | None:
+    """A constant node holding ``node``'s value if every input is a constant, else None."""
+    inputs = node.inputs
+    if not all(i.kind == "constant" for i in inputs):
+        return None
+    value_of = {i.id: i.value for i in inputs}
+    value = lambda n: value_of[n.id]  # noqa: E731
+    try:
+        with torch.no_grad():
+            result = node.target(*map_nodes(node.args, value), **map_nodes(node.kwargs, value))
+    except Exception as e:  # a kernel that refuses these inputs is simply not folded
+        log.debug("folding %s (%s) failed: %s", node.name, node.op, e)
+        return None
+    if isinstance(result, torch.Tensor):
+        if not isinstance(node.meta, TensorMeta) or str(meta_of_value(result)) != str(node.meta):
+            return None
+        if any(result.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+               for v in value_of.values() if isinstance(v, torch.Tensor) and v.numel()):
+            result = result.clone()  # a folded view must not alias another constant
+        meta = node.meta
+    elif isinstance(result, (int, float, bool)) and not isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        meta = meta_of_value(result)
+    else:
+        return None
+    return Node("constant", meta=meta, attrs={"value": result})
 
 
 def fold_sizes(graph: Graph) -> int:
