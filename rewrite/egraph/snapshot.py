@@ -16,6 +16,17 @@ from .terms import ANALYSES
 _PRIMITIVE_SORTS = {"String": "value_to_string", "i64": "value_to_i64", "f64": "value_to_f64", "bool": "value_to_bool"}
 
 
+def _cached(decode, cache: dict):
+    """``decode`` memoized by Value: op names and stream tags repeat on every row."""
+    def get(value):
+        key = (decode, value)
+        out = cache.get(key)
+        if out is None:
+            out = cache[key] = decode(value)
+        return out
+    return get
+
+
 class ENode(NamedTuple):
     op: str
     children: tuple  # e-class keys, or ("prim", value) for primitive arguments
@@ -28,14 +39,15 @@ class Snapshot:
         self.node_table: dict[int, tuple] = {}       # IR node index -> e-class
         self.analysis: dict[str, dict] = {name: {} for name in ANALYSES}
         decoders = {sort: getattr(egraph, fn) for sort, fn in _PRIMITIVE_SORTS.items()}
+        cache: dict = {}
         for name, fn in frozen.functions.items():
             sorts = fn.input_sorts
-            convert = [decoders.get(s) for s in sorts]
+            convert = [_cached(decoders[s], cache) if s in decoders else None for s in sorts]
             out_sort = fn.output_sort
             out_convert = decoders.get(out_sort)
             is_analysis = name in ANALYSES
-            if not is_analysis and (name.startswith("match_") or name.startswith("dtypes_")):
-                continue
+            if not is_analysis and out_sort not in ("Term", "TList"):
+                continue  # rule bookkeeping (match_*, dtypes_*) and the loader's Row* relations
             for row in fn.rows:
                 ins = tuple(("prim", c(v)) if c else (s, v) for c, s, v in zip(convert, sorts, row.inputs))
                 if not is_analysis:
