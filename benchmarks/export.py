@@ -167,7 +167,7 @@ def main() -> None:
         values = [results["rewrite"][key] * scale, results["torch.export"][key] * scale]
         ax.bar(["rewrite", "torch.export"], values, color=["tab:blue", "tab:gray"])
         ax.set_title(title)
-    fig.suptitle("MiniLM (2x16 tokens, fp32, CPU): export, fresh-process load and first call")
+    fig.suptitle("MiniLM (2x16 tokens, fp32, CPU): export, fresh-process load and first call", y=1.06)
     save_plot(fig, "export.png")
 
     body = "\n".join([
