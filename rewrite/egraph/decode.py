@@ -67,7 +67,7 @@ class Decoder:
             self._reverse_table = {}
             for k, c in self.snap.node_table.items():
                 self._reverse_table.setdefault(c, k)
-        if isinstance(cls, tuple) and cls and cls[0] == "prim":
+        if self.snap.is_primitive(cls):
             return self.snap.literal_text(cls)
         if cls in self._reverse_table:
             return f"(Ref {self._reverse_table[cls]})"

@@ -68,7 +68,8 @@ class Saturator:
         self.limits = limits
         self.symbols = symbols
         self._pending_seen = 0
-        self._failed_classes: set[str] = set()
+        self._failed_classes: set = set()
+        self._meta_cache: dict = {}
 
     def run(self, schedule: list[tuple[str, int]]) -> SaturationResult:
         result = SaturationResult({})
@@ -180,12 +181,18 @@ class Saturator:
             values = [value_of(c) for c in arg_classes]
         except (LookupError, KeyError, ValueError):
             return None
+        # Repeated layers ask the same question many times: memoize on the metas and literals.
+        key = (op_name, tuple(self.tables.meta_key(v) or repr(v) for v in values))
+        if key in self._meta_cache:
+            return self._meta_cache[key]
         args, kwargs = split_args(target, values)
         try:
-            return infer_meta(target, args, kwargs, self.symbols)
+            meta = infer_meta(target, args, kwargs, self.symbols)
         except Exception as e:  # an op whose shape we cannot infer is simply not rewritten
             log.debug("e-graph: no meta for a new %s term: %s", op_name, e)
-            return None
+            meta = None
+        self._meta_cache[key] = meta
+        return meta
 
 
 def infer_meta(target, args, kwargs, symbols):

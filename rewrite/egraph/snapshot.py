@@ -4,8 +4,8 @@ Built from ``egraph.freeze()``: a few milliseconds and ~50 ms of row iteration f
 graph, against ~0.6 s for ``serialize(...).to_json()`` + ``json.loads`` (measured here). Used to
 infer metas of e-classes that rules created, and by extraction.
 
-An e-class is named by ``(sort, Value)``. An e-node's primitive arguments (op names, stream tags,
-integers) appear among its ``children`` as ``("prim", python_value)``.
+An e-class is named by ``(sort, Value)``. An e-node's children are ``(sort, Value)`` pairs too;
+primitive ones (op names, stream tags, integers) are decoded on demand by `Snapshot.string`.
 """
 from __future__ import annotations
 
@@ -36,41 +36,53 @@ class Snapshot:
     def __init__(self, egraph):
         frozen = egraph.freeze()
         self.classes: dict[tuple, list[ENode]] = {}
-        self.node_table: dict[int, tuple] = {}       # IR node index -> e-class
+        self.node_table: dict[int, tuple] = {}       # reference index -> e-class
         self.analysis: dict[str, dict] = {name: {} for name in ANALYSES}
-        decoders = {sort: getattr(egraph, fn) for sort, fn in _PRIMITIVE_SORTS.items()}
-        cache: dict = {}
+        self._decoders = {sort: _cached(getattr(egraph, fn), {}) for sort, fn in _PRIMITIVE_SORTS.items()}
         for name, fn in frozen.functions.items():
             sorts = fn.input_sorts
-            convert = [_cached(decoders[s], cache) if s in decoders else None for s in sorts]
             out_sort = fn.output_sort
-            out_convert = decoders.get(out_sort)
-            is_analysis = name in ANALYSES
-            if not is_analysis and out_sort not in ("Term", "TList"):
-                continue  # rule bookkeeping (match_*, dtypes_*) and the loader's Row* relations
+            if name in ANALYSES:
+                self._analysis_rows(name, fn, sorts, out_sort)
+            elif out_sort in ("Term", "TList"):  # skips rule bookkeeping and the loader's Row* relations
+                classes = self.classes
+                for row in fn.rows:
+                    # children stay (sort, Value) pairs; primitives are decoded only when read
+                    node = ENode(name, tuple(zip(sorts, row.inputs)))
+                    key = (out_sort, row.output)
+                    bucket = classes.get(key)
+                    if bucket is None:
+                        classes[key] = [node]
+                    else:
+                        bucket.append(node)
+
+    def _analysis_rows(self, name, fn, sorts, out_sort) -> None:
+        if name == "Ref":
+            to_int = self._decoders["i64"]
             for row in fn.rows:
-                ins = tuple(("prim", c(v)) if c else (s, v) for c, s, v in zip(convert, sorts, row.inputs))
-                if not is_analysis:
-                    self.classes.setdefault((out_sort, row.output), []).append(ENode(name, ins))
-                elif name == "Ref":
-                    self.node_table[ins[0][1]] = (out_sort, row.output)
-                elif name == "Pending":
-                    self.analysis["Pending"].setdefault(ins[0], []).append(ins[1])
-                else:
-                    value = out_convert(row.output) if out_convert else (out_sort, row.output)
-                    self.analysis[name][ins[0]] = value
+                self.node_table[to_int(row.inputs[0])] = (out_sort, row.output)
+        elif name == "Pending":
+            for row in fn.rows:
+                a, b = row.inputs
+                self.analysis["Pending"].setdefault((sorts[0], a), []).append((sorts[1], b))
+        elif name != "LRef":
+            table = self.analysis[name]
+            decode = self._decoders.get(out_sort)
+            for row in fn.rows:
+                key = (sorts[0], row.inputs[0])
+                table[key] = decode(row.output) if decode else (out_sort, row.output)
 
-    @staticmethod
-    def string(child) -> str | None:
+    def string(self, child) -> str | None:
         """The Python value of a primitive child, as a string (op names, stream tags, numbers)."""
-        if isinstance(child, tuple) and child and child[0] == "prim":
-            return str(child[1])
-        return None
+        decode = self._decoders.get(child[0]) if isinstance(child, tuple) and child else None
+        return None if decode is None else str(decode(child[1]))
 
-    @staticmethod
-    def literal_text(child) -> str:
+    def is_primitive(self, child) -> bool:
+        return isinstance(child, tuple) and bool(child) and child[0] in self._decoders
+
+    def literal_text(self, child) -> str:
         """egglog text of a primitive child."""
-        value = child[1]
+        value = self._decoders[child[0]](child[1])
         if isinstance(value, str):
             return f'"{value}"'
         return str(value)
