@@ -17,7 +17,7 @@ from .compile import MATCH_SUFFIX
 from .decode import VALUE_OPS, Decoder, literal_meta, split_args, target_of
 from .load import meta_commands
 from .snapshot import Snapshot
-from .terms import Tables, is_call
+from .terms import TERM_CONSTRUCTORS, Tables, is_call
 
 log = logging.getLogger("rewrite")
 
@@ -43,12 +43,13 @@ def _run(egraph, text: str):
 
 
 def egraph_size(egraph) -> int:
+    """Number of e-nodes of the term language (what the node limit bounds; bookkeeping excluded)."""
     out = _run(egraph, "(print-size)")
     total = 0
     for item in out:
         sizes = getattr(item, "sizes", None)
         if sizes is not None:
-            total += sum(n for _, n in sizes)
+            total += sum(n for name, n in sizes if name in TERM_CONSTRUCTORS or is_call(name))
     return total
 
 

@@ -71,6 +71,9 @@ PRELUDE = """
 (rule ((Pending a b) (= (meta a) (meta b))) ((union a b)) :ruleset accept :name "accept")
 """
 
+# Term constructors other than calls (what the node limit counts, with the calls).
+TERM_CONSTRUCTORS = frozenset({"Nil", "Cons", "Input", "Const", "Int", "Flt", "Atom", "Lst", "Tup", "Opaque", "Pinned"})
+
 # Ops have one constructor per arity (``Call0`` .. ``Call12``; ``CallN`` with a cons list beyond):
 # matching through a cons list of arguments made egglog's joins quadratic in the graph size
 # (0.9 s against 2 ms for one rule on a 10,000-node graph).
