@@ -20,6 +20,7 @@ import shutil
 import tempfile
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..dsl import canonical_call, dtype_str, register_target, shape_key, splat_key, target_name
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect
@@ -193,7 +194,7 @@ class Loader:
             self._const_index[key] = idx
         self.row("RowConst", k, idx)
         if value.numel() <= SPLAT_SIZE_LIMIT:
-            s = splat_key(value)
+            s = tensor_splat(value)
             if s is not None:
                 self.row("RowSplat", k, s)
 
@@ -251,6 +252,19 @@ class Loader:
             egraph.run_program(*egraph.parse_program("(run-schedule (run load))"))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+_splat_cache = WeakIdKeyDictionary()
+
+
+def tensor_splat(value: torch.Tensor) -> str | None:
+    """`splat_key` of a constant tensor, remembered per tensor (and its version counter)."""
+    cached = _splat_cache.get(value)
+    if cached is not None and cached[0] == value._version:
+        return cached[1]
+    s = splat_key(value)
+    _splat_cache[value] = (value._version, s)
+    return s
 
 
 def _literal_key(value):

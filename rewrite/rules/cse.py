@@ -9,10 +9,16 @@ from __future__ import annotations
 import hashlib
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..ir import Graph
 
 __all__ = ["constant_key", "dedup_constants"]
+
+
+# tensor -> (its version counter, its key): the optimizer runs several times per graph (rounds,
+# gears) and hashing real weights costs ~0.1 s per 100 MB each time. Keyed by identity, weakly.
+_key_cache = WeakIdKeyDictionary()
 
 
 def constant_key(value) -> tuple:
@@ -21,13 +27,18 @@ def constant_key(value) -> tuple:
         return ("py", type(value).__name__, repr(value)) if isinstance(value, (int, float, bool, str, type(None))) else ("id", id(value))
     if value.is_sparse or value.is_quantized or value.is_nested or value.layout != torch.strided:
         return ("id", id(value))
+    cached = _key_cache.get(value)
+    if cached is not None and cached[0] == value._version:
+        return cached[1]
     t = value.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     # clone, not contiguous(): a 1-element tensor with stride 0 counts as contiguous but cannot be viewed as bytes.
     raw = t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-    digest = hashlib.blake2b(raw.numpy().tobytes(), digest_size=16).hexdigest()
-    return ("tensor", str(value.dtype), tuple(value.shape), str(value.device), value.requires_grad, digest)
+    digest = hashlib.blake2b(memoryview(raw.numpy()), digest_size=16).hexdigest()
+    key = ("tensor", str(value.dtype), tuple(value.shape), str(value.device), value.requires_grad, digest)
+    _key_cache[value] = (value._version, key)
+    return key
 
 
 def dedup_constants(graph: Graph) -> int:
