@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import logging
 
-from .backend import get_backend
 from .config import CompilerConfig, ConfigError
 from .fx_bridge import CompileError
 
@@ -28,8 +27,10 @@ __all__ = [
     "scope",
 ]
 
-# Submodules and functions loaded on first use, so `import rewrite` stays cheap.
+# Submodules and functions loaded on first use, so `import rewrite` stays cheap: a process that only
+# loads an exported graph (`rewrite.load`) never imports Dynamo.
 _LAZY = {
+    "get_backend": ("rewrite.backend", "get_backend"),
     "inference": ("rewrite.inference", None),
     "scope": ("rewrite.scope", None),
     "testing": ("rewrite.testing", None),
