@@ -73,7 +73,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 

@@ -1,7 +1,6 @@
 """The e-graph bridge: loading the IR into egglog, rules, limits, DAG-aware extraction, rebuilding."""
 import operator
 
-import pytest
 import sympy
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 
-from .cost import op_cost
+from .cost import DISPATCH, op_cost
 from .decode import Decoder
 from .snapshot import ENode, Snapshot
 from .terms import Tables, is_call
@@ -24,7 +24,7 @@ class ExtractionError(RuntimeError):
     """Some root e-class has no acyclic term (should not happen: originals are always there)."""
 
 
-def extract(snap: Snapshot, tables: Tables, roots: list[str], pinned_cost=None) -> dict[str, ENode]:
+def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     """Choose an e-node for every e-class reachable from ``roots``."""
     dec = Decoder(snap, tables)
     classes = snap.classes
@@ -58,7 +58,7 @@ def extract(snap: Snapshot, tables: Tables, roots: list[str], pinned_cost=None) 
                 own_cache[key] = op_cost(op_name, metas.get(out_key), [metas.get(k) for k in in_keys if k is not None])
             return own_cache[key]
         if node.op == "Pinned":
-            return pinned_cost(node) if pinned_cost else 1.0
+            return DISPATCH  # always kept: its cost is the same in every choice
         return 0.0
 
     def push(cls: str, i: int) -> None:

@@ -10,8 +10,6 @@ graphs mutate inputs only at their tail, after every read).
 """
 from __future__ import annotations
 
-import torch
-
 from ..dsl import target_name
 from ..ir import Graph, Node, map_nodes
 from .decode import VALUE_OPS, Decoder, split_args, strip_defaults, target_of
@@ -169,4 +167,4 @@ def rebuild(snap, tables, choice, loaded, source: Graph) -> Graph:
     return Rebuilder(snap, tables, choice, loaded, source).run()
 
 
-__all__ = ["rebuild", "Rebuilder", "torch"]
+__all__ = ["rebuild", "Rebuilder"]

@@ -35,7 +35,6 @@ class SaturationResult:
     rounds: int = 0
     stopped_by: str | None = None    # "node limit", "time limit", "iteration limit" or None (saturated)
     metas_inferred: int = 0
-    rejected: int = 0                # replacements whose meta differed from the matched expression
 
 
 def _run(egraph, text: str):
