@@ -12,6 +12,17 @@ Three tools, all built on hypothesis and on the executor every compiled graph us
 * `check_rule(rule)` / `check_ruleset_module(name)`: instantiate a rule's pattern with random
   shapes, dtypes and values that satisfy its conditions and compare both sides bit for bit
   (NaN matches NaN, -0.0 must stay -0.0), printing a counterexample when they differ.
+
+Checking a rule of your own::
+
+    from rewrite.dsl import aten, is_float, rule, variables
+    from rewrite.testing import check_rule
+    x, = variables("x")
+    check_rule(rule(aten.mul.Tensor(x, 0.0), aten.zeros_like.default(x), when=[is_float(x)]))
+    # AssertionError: rule ... is unsound: ... expected -0.0, got 0.0
+    # counterexample:  x = float16[]: -0.0
+
+``python -m rewrite check-rules mypkg.my_rules`` does the same for every rule of a module.
 """
 from __future__ import annotations
 
