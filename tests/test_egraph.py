@@ -217,3 +217,20 @@ def test_rulesets_compile_to_two_stage_egglog_rules():
     text = "\n".join(compile_rulesets(default_rulesets()))
     assert text.count(":ruleset") >= 2 * 40
     assert "(union __root" in text and "(Pending __root" in text
+
+
+def test_size_output_that_becomes_a_literal_stays_an_output_node():
+    """A size computation equal to a literal (here s*1 -> s, s a constant 4) still returns a node."""
+    import operator as op
+    from rewrite.dsl import op as op_pattern
+
+    g = Graph("sizes")
+    x = g.placeholder("x", F32)
+    four = g.constant(4)
+    n = g.call(op.mul, (four, 1), meta=SymMeta(sympy.Integer(4), int))
+    g.set_output((x, n))
+    mul_one = RuleSet("test.size_mul_one", [rule(op_pattern(op.mul)(x_, 1), x_, name="size_mul_one")])
+    out, report = egraph(g, rulesets=[mul_one])
+    assert report.applied.get("size_mul_one", 0) >= 1
+    assert out.num_ops() == 0
+    assert out.outputs[1].kind == "constant" and out.outputs[1].value == 4

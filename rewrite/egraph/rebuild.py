@@ -11,7 +11,7 @@ graphs mutate inputs only at their tail, after every read).
 from __future__ import annotations
 
 from ..dsl import target_name
-from ..ir import Graph, Node, map_nodes
+from ..ir import Graph, Node, map_nodes, meta_of_value
 from .decode import VALUE_OPS, Decoder, split_args, strip_defaults, target_of
 from .load import Loaded, is_nondeterministic
 from .snapshot import ENode, Snapshot
@@ -138,13 +138,21 @@ class Rebuilder:
         for n in random:
             if self.class_of(n) in live:
                 self.build(self.class_of(n))
-        outputs = map_nodes(self.source.outputs, lambda n: self.build(self.class_of(n)))
+        outputs = map_nodes(self.source.outputs, self.output_value)
         for n in pinned:
             if n.id in side:
                 self.build(self.class_of(n))
         self.graph.set_output(outputs)
         self.graph.validate()
         return self.graph
+
+    def output_value(self, n: Node) -> Node:
+        """The rebuilt output for original output ``n``; a value that became a Python literal
+        (a size folded to a number) is returned through a constant node, as before."""
+        value = self.build(self.class_of(n))
+        if isinstance(value, Node):
+            return value
+        return self.emit(Node("constant", meta=meta_of_value(value), attrs={"value": value}))
 
     def output_nodes(self) -> list[Node]:
         out = []
