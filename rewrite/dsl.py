@@ -374,8 +374,11 @@ class Condition:
     arg: Any = None
 
     def __repr__(self):
-        extra = "" if self.arg is None else ", " + (", ".join(_fmt(a) for a in self.arg) if isinstance(self.arg, tuple) else _fmt(self.arg))
-        return f"{self.kind}({', '.join(v.name if isinstance(v, Var) else _fmt(v) for v in self.vars)}{extra})"
+        names = ", ".join(v.name if isinstance(v, Var) else _fmt(v) for v in self.vars)
+        if self.kind == "dtype_in":
+            return f"dtype({names}) in {{{', '.join(dtype_str(d) for d in self.arg)}}}"
+        extra = "" if self.arg is None else ", " + _fmt(self.arg)
+        return f"{self.kind}({names}{extra})"
 
     def holds(self, binding: dict) -> bool:
         vals = [_bound(v, binding) for v in self.vars]

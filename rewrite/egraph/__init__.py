@@ -2,7 +2,8 @@
 
 ``run_egraph(graph, rulesets, config, report)`` is the one entry point (the optimizer calls it once
 per round). Stages are timed in the report as ``egraph.load``, ``egraph.saturate`` and
-``egraph.extract``; rule firings are counted under the rule names, CSE under ``cse``. Whatever
+``egraph.extract``; rule firings are counted under the rule names (as egglog matches: a root
+re-matched after a merge counts again), CSE under ``cse``. Whatever
 goes wrong inside, the input graph is returned unchanged and the reason is logged: the e-graph
 may only ever make a graph better, never wrong.
 """
