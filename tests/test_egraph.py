@@ -234,3 +234,26 @@ def test_size_output_that_becomes_a_literal_stays_an_output_node():
     assert report.applied.get("size_mul_one", 0) >= 1
     assert out.num_ops() == 0
     assert out.outputs[1].kind == "constant" and out.outputs[1].value == 4
+
+
+def test_cond_with_runtime_predicate_round_trips_with_its_branch_graphs():
+    def branch(op, name):
+        b = Graph(name)
+        p = b.placeholder("arg", F32)
+        b.set_output((b.call(op, (p,), meta=F32),))
+        return b
+
+    g = Graph("cond")
+    x = g.placeholder("x", F32)
+    pred = g.placeholder("p", TensorMeta(torch.bool, ()))
+    c = g.call(torch.ops.higher_order.cond, (pred, branch(aten.sin.default, "t"), branch(aten.cos.default, "f"), (x,)),
+               meta=(F32,))
+    y = g.call(operator.getitem, (c, 0), meta=F32)
+    z = g.call(operator.getitem, (c, 0), meta=F32)    # CSE'd with y
+    g.set_output((g.call(aten.add.Tensor, (y, z), meta=F32),))
+    out, report = egraph(g)
+    assert report.applied["cse"] == 1
+    assert out.op_counts()["higher_order.cond"] == 1 and out.op_counts()["getitem"] == 1
+    t = torch.randn(4, 8)
+    torch.testing.assert_close(run(out, t, torch.tensor(True))[0], t.sin() * 2)
+    torch.testing.assert_close(run(out, t, torch.tensor(False))[0], t.cos() * 2)
