@@ -65,12 +65,12 @@ class Snapshot:
             for row in fn.rows:
                 a, b = row.inputs
                 self.analysis["Pending"].setdefault((sorts[0], a), []).append((sorts[1], b))
-        elif name != "LRef":
-            table = self.analysis[name]
-            decode = self._decoders.get(out_sort)
+        elif name == "meta":
+            # kept raw: most metas are never read, and decoding a string crosses into Rust
+            table = self.analysis["meta"]
             for row in fn.rows:
-                key = (sorts[0], row.inputs[0])
-                table[key] = decode(row.output) if decode else (out_sort, row.output)
+                table[(sorts[0], row.inputs[0])] = row.output
+        # the other analyses (dtype, shape, rank, sizes, splat) are read only inside egglog
 
     def string(self, child) -> str | None:
         """The Python value of a primitive child, as a string (op names, stream tags, numbers)."""
@@ -88,7 +88,8 @@ class Snapshot:
         return str(value)
 
     def meta_key(self, cls) -> str | None:
-        return self.analysis["meta"].get(cls)
+        raw = self.analysis["meta"].get(cls)
+        return None if raw is None else self._decoders["String"](raw)
 
     def pending(self) -> dict:
         return self.analysis["Pending"]
