@@ -37,8 +37,9 @@ Conditions (the ``when=[...]`` list; all must hold)
     a list argument, or a literal list), ``rank_is(x, n)``, ``value_is(c, v)`` (``c`` is a
     compile-time constant tensor or scalar whose elements all equal ``v``; typed like literals
     only in that NaN never equals anything and -0.0 is distinct from 0.0).
-    Every condition can be checked in two places: inside the e-graph (dtype and canonical sympy
-    shape strings are analysis functions keyed by e-class) and in Python on concrete values with
+    Every condition can be checked in two places: inside the e-graph (each e-class has a meta;
+    its dtype, rank and canonical sympy shape string are analyses the rule's query reads) and in
+    Python on concrete values with
     ``cond.holds(binding)``; ``binding`` maps variable names to tensors, Python values, or
     ``TensorMeta``/``SymMeta`` (for metas, ``value_is`` cannot hold).
 
