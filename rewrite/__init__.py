@@ -48,4 +48,10 @@ def __getattr__(name):
         value = module if attr is None else getattr(module, attr)
         globals()[name] = value
         return value
+    # Any other submodule (rewrite.backend, rewrite.ir, ...) is reachable as an attribute too.
+    try:
+        return importlib.import_module(f"rewrite.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"rewrite.{name}":
+            raise
     raise AttributeError(f"module 'rewrite' has no attribute {name!r}")
