@@ -815,6 +815,9 @@ class _Instantiator:
         if arg_name in _ENUM_ARGUMENTS:
             return draw(st.sampled_from(_ENUM_ARGUMENTS[arg_name]))
         if is_list and base == "int":
+            sizes_of = self.binding.get(self.hints.get(name, {}).get("sizes_of"))
+            if isinstance(sizes_of, torch.Tensor) and draw(st.booleans()):
+                return list(sizes_of.shape)  # what a shape_is(t, name) condition asks for
             if arg_name == "dims":
                 return draw(permutations_of(rank))
             if arg_name == "dim":
