@@ -205,3 +205,17 @@ def test_graph_inputs_rejects_symbolic_shapes():
     g.set_output(())
     with pytest.raises(ValueError, match="symbolic shape"):
         graph_inputs(g)
+
+
+def test_check_rule_evaluates_computed_replacements():
+    x, y = variables("x y")
+
+    def fold_add(x, y):
+        return torch.add(x, y)
+
+    def wrong_fold(x, y):
+        return torch.sub(x, y)
+
+    assert check_rule(rule(P.add.Tensor(x, y), fold_add, name="fold_add"), examples=40).ok
+    with pytest.raises(AssertionError, match="wrong_fold"):
+        check_rule(rule(P.add.Tensor(x, y), wrong_fold, name="wrong_fold"), examples=40)
