@@ -47,6 +47,8 @@ UNSOUND = [
     rule(P.exp.default(P.log.default(x)), x, when=[is_float(x)], name="exp_log"),
     rule(P.reciprocal.default(P.reciprocal.default(x)), x, when=[is_float(x)], name="reciprocal_twice"),
     rule(P.sub.Tensor(x, x), P.zeros_like.default(x), when=[is_float(x)], name="sub_self_float"),
+    rule(P.rsqrt.default(x), P.reciprocal.default(P.sqrt.default(x)), when=[is_float(x)], name="rsqrt_split"),
+    rule(P.reciprocal.default(P.rsqrt.default(x)), P.sqrt.default(x), when=[is_float(x)], name="reciprocal_rsqrt"),
 ]
 
 
