@@ -6,6 +6,7 @@ Pipeline of one graph (see DESIGN.md):
 """
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import logging
@@ -18,7 +19,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from . import exec as rexec
 from . import gears as rgears
-from .config import CompilerConfig
+from .config import CompilerConfig, ConfigError
 from .dump import dump_graph
 from .fx_bridge import from_fx
 from .ir import Graph
@@ -65,7 +66,8 @@ class RewriteBackend:
     def __init__(self, compiler_config: CompilerConfig | None = None):
         if compiler_config is not None and not isinstance(compiler_config, CompilerConfig):
             raise TypeError(f"compiler_config must be a rewrite.CompilerConfig, got {type(compiler_config).__name__}")
-        self.config = compiler_config if compiler_config is not None else CompilerConfig()
+        # A private copy: changing the user's config later must not change (or skip checks of) this backend.
+        self.config = copy.deepcopy(compiler_config) if compiler_config is not None else CompilerConfig()
         self.report = CompileReport()
         self._lock = threading.Lock()
         rexec.check_config(self.config)
@@ -95,13 +97,19 @@ class RewriteBackend:
         def compile_bw(aot_gm, aot_inputs):
             return self.compile_graph(aot_gm, f"g{number}_backward", number, (), None)
 
-        return aot_autograd(
-            fw_compiler=functools.partial(compile_fw, kind="forward"),
-            bw_compiler=compile_bw,
-            inference_compiler=functools.partial(compile_fw, kind="inference"),
-            decompositions=decomposition_table(),
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
+        try:
+            return aot_autograd(
+                fw_compiler=functools.partial(compile_fw, kind="forward"),
+                bw_compiler=compile_bw,
+                inference_compiler=functools.partial(compile_fw, kind="inference"),
+                decompositions=decomposition_table(),
+                keep_inference_input_mutations=True,
+            )(gm, example_inputs)
+        except BaseException:
+            # set_dim_gears turned a global Dynamo flag on until the geared graph first runs; a
+            # failed compile never runs it, so put the flag back here.
+            rgears.restore_size_oblivious()
+            raise
 
     def compile_graph(self, gm: torch.fx.GraphModule, name: str, number: int, frozen: dict, gear_spec):
         """Compile one AOT graph into a callable; errors name the node and the reason."""
@@ -154,7 +162,23 @@ def get_backend(compiler_config: CompilerConfig | None = None) -> RewriteBackend
     return RewriteBackend(compiler_config)
 
 
-def rewrite_backend(gm, example_inputs):
-    """Entry point for ``torch.compile(backend="rewrite")``: default config."""
-    return RewriteBackend()(gm, example_inputs)
+_TORCH_MODES = {None: None, "default": None, "max-autotune": "max-autotune",
+                "max-autotune-no-cudagraphs": "max-autotune", "reduce-overhead": "reduce-overhead"}
+
+
+def rewrite_backend(gm, example_inputs, *, mode: str | None = None, options: dict | None = None):
+    """Entry point for ``torch.compile(backend="rewrite", mode=..., options=...)``.
+
+    ``mode`` takes torch.compile's mode names; ``options`` maps dotted config paths to values,
+    e.g. ``{"inference_config.gear_fallback": "pad", "exec.kernels": "inductor"}``.
+    """
+    config = CompilerConfig()
+    if mode not in _TORCH_MODES:
+        raise ConfigError(f"torch.compile(backend='rewrite', mode={mode!r}): mode must be one of "
+                          f"{[m for m in _TORCH_MODES if m]}")
+    if _TORCH_MODES[mode]:
+        config.mode = _TORCH_MODES[mode]
+    for path, value in (options or {}).items():
+        config.set_path(path, value)
+    return RewriteBackend(config)(gm, example_inputs)
 

@@ -75,6 +75,17 @@ class _Section:
             raise ConfigError(f"{self._path}.{name} is a section; set its fields instead")
         object.__setattr__(self, name, spec.check(f"{self._path}.{name}", value))
 
+    def set_path(self, dotted: str, value) -> None:
+        """Set a field by its dotted path (``"inference_config.gear_fallback"``), with the usual checks."""
+        *sections, field = dotted.split(".")
+        target = self
+        for name in sections:
+            sub = getattr(target, name, None) if name in target._fields() else None
+            if not isinstance(sub, _Section):
+                raise ConfigError(f"{target._path} has no section {name!r}; known fields: {sorted(target._fields())}")
+            target = sub
+        setattr(target, field, value)
+
     def as_dict(self) -> dict:
         out = {}
         for name in self._fields():
@@ -133,9 +144,26 @@ class ExportConfig(_Section):
     experimental = ExportExperimentalConfig
 
 
+class _RuleSetList(_Typed):
+    """A list of `rewrite.dsl.RuleSet` objects, checked when assigned."""
+
+    def __init__(self):
+        super().__init__([], list)
+
+    def check(self, path: str, value):
+        super().check(path, value)
+        from .dsl import RuleSet
+
+        for i, item in enumerate(value):
+            if not isinstance(item, RuleSet):
+                raise ConfigError(f"{path}[{i}] = {item!r} is a {type(item).__name__}; "
+                                  "expected a rewrite.dsl.RuleSet")
+        return list(value)
+
+
 class RulesConfig(_Section):
     # User rulesets (rewrite.dsl.RuleSet) run after the default library.
-    extra = _Typed([], list)
+    extra = _RuleSetList()
     # Turn the e-graph optimizer off entirely (graphs still run, unoptimized).
     enabled = _Typed(True, bool)
     # Limits for one saturation run: it stops at whichever comes first and keeps the best graph so far.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from .compile import bind_gears, compile_dynamic, concretize
 from .dispatch import GearDispatcher
-from .spec import MAX_GEARS, GearError, GearSpec, collect_gear_specs, get_dim_gears, merge_gears, set_dim_gears
+from .spec import (MAX_GEARS, GearError, GearSpec, collect_gear_specs, get_dim_gears, merge_gears,
+                   restore_size_oblivious, set_dim_gears)
 
 __all__ = ["set_dim_gears", "get_dim_gears", "collect_gear_specs", "compile_dynamic", "merge_gears", "bind_gears",
            "concretize", "GearDispatcher", "GearError", "GearSpec", "MAX_GEARS"]
