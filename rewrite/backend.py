@@ -147,14 +147,34 @@ def _freeze(graph: Graph, frozen: dict) -> None:
     if not frozen:
         return
     placeholders = graph.placeholders
+    written = _mutated_nodes(graph)
     for index, tensor in frozen.items():
         p = placeholders[index]
+        if p.id in written:
+            continue  # a buffer the graph updates (e.g. BatchNorm's running stats) is state, not a constant
         # AOTAutograd calls compilers under its fake mode; the real weight must not be traced by it.
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             value = tensor.detach()
         const = graph.constant(value, p.meta, before=graph.nodes[len(placeholders)])
         const.attrs["weight_name"] = p.name
         graph.replace_all_uses(p, const)
+
+
+def _mutated_nodes(graph: Graph) -> set[int]:
+    """Ids of the nodes that some op of ``graph`` writes to (per its schema's alias annotations)."""
+    out: set[int] = set()
+    for n in graph.nodes:
+        t = n.target
+        if n.kind != "call" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
+            continue
+        for arg_schema, value in zip(t._schema.arguments, n.args):
+            if arg_schema.alias_info is not None and arg_schema.alias_info.is_write and hasattr(value, "id"):
+                out.add(value.id)
+        for name, value in n.kwargs.items():
+            arg_schema = next((a for a in t._schema.arguments if a.name == name), None)
+            if arg_schema is not None and arg_schema.alias_info is not None and arg_schema.alias_info.is_write:
+                out.add(getattr(value, "id", -1))
+    return out
 
 
 def get_backend(compiler_config: CompilerConfig | None = None) -> RewriteBackend:

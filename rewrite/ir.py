@@ -186,12 +186,13 @@ def is_side_effect(node: Node) -> bool:
     if node.kind != "call":
         return False
     t = node.target
+    # Runtime assertions (_assert_async, _assert_scalar, ...) and profiler/autocast markers: FX's
+    # own list of calls that must run even though nothing reads their result.
+    if t in torch.fx.node._side_effectful_functions:
+        return True
     if isinstance(t, torch._ops.OpOverload):
         if t._schema.is_mutable:
             return True
-        tags = getattr(t, "tags", ())
-        if torch.Tag.nondeterministic_seeded in tags:
-            return False
         return t.namespace in ("rewrite_stream",) or node.attrs.get("side_effect", False)
     return node.attrs.get("side_effect", False)
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
+from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
 from .egraph import Limits, run_egraph
 from .egraph.pyrules import apply_computed_rules
@@ -23,7 +26,6 @@ from .rules import check_user_rulesets, default_rulesets
 from .rules.cse import dedup_constants
 from .rules.dead_edge import eliminate_dead_edges
 from .rules.folding import fold_constants, fold_sizes
-from .rules.shape_ops import keep_outputs_fresh
 
 log = logging.getLogger("rewrite")
 
@@ -40,6 +42,7 @@ def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph
     limits = Limits(config.rules.node_limit, float(config.rules.time_limit_s), config.rules.iteration_limit)
     original, graph = graph, graph.copy()
     _optimize_subgraphs(graph, config, report)
+    rewritten = False
     for round_no in range(MAX_ROUNDS):
         changed = run_passes(graph, config, report, rulesets)
         if round_no > 0 and not changed:
@@ -50,9 +53,13 @@ def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph
             report.notes.append(f"e-graph skipped: {reason}")
             break
         graph, fired = run_egraph(graph, rulesets, limits, report)
+        rewritten = rewritten or bool(fired)
         if not fired:
             break
-    # A rule like x*1 -> x must not hand the caller its own input (or a constant) as a result.
+    if rewritten:
+        # The e-graph equates values, not layouts: a view may now read a differently-strided tensor.
+        views_as_reshapes(graph)
+    # x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice.
     report.count("fresh_outputs", keep_outputs_fresh(original, graph))
     return graph
 
@@ -82,19 +89,26 @@ def run_passes(graph: Graph, config: CompilerConfig, report: GraphReport, rulese
     return changed
 
 
+_STRIDE_READERS = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default,
+                             torch.ops.aten.as_strided_scatter.default, torch.ops.aten.sym_stride.int,
+                             torch.ops.aten.sym_stride.default, torch.ops.aten.stride.int})
+
+
 def egraph_unsupported(graph: Graph) -> str | None:
     """Why the e-graph cannot take this graph, or None.
 
     Mutations are supported only at the tail (AOTAutograd's functional form: inputs are updated by
     ``copy_`` after every read). Elsewhere, reordering around a mutation could change results.
     """
-    import torch
 
     seen_mutation = None
     for n in graph.nodes:
         if n.kind != "call":
             continue
         t = n.target
+        if t in _STRIDE_READERS:
+            # The e-graph equates equal values of different layouts; these ops read the layout.
+            return f"node {n.name} ({n.op}) reads strides"
         mutable = isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
         if mutable:
             seen_mutation = n

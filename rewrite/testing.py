@@ -501,7 +501,7 @@ def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.d
     if mutations and draw(st.integers(0, 3)) == 0:
         inputs = [p for p in g.placeholders if p.meta.dtype != torch.bool]
         target = draw(st.sampled_from(inputs)) if inputs else None
-        from .rules.shape_ops import alias_base
+        from .boundary import alias_base
 
         # Not a view of the target itself: copy_ refuses overlapping source and destination.
         sources = [n for n in made if target is not None and shape_of(n) == shape_of(target)

@@ -29,7 +29,7 @@ import torch
 
 from ..dsl import RuleSet, aten, dtype_is, rule, shape_is, variables
 
-__all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "RULESETS", "keep_outputs_fresh", "alias_base"]
+__all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "RULESETS"]
 
 x, s, a, b, d, e, m, dt = variables("x s a b d e m dt")
 
@@ -164,93 +164,3 @@ FRESH_CLONES = RuleSet("shape.fresh_clones", [
 ], description="clone (preserve format) of a freshly computed elementwise result is dropped")
 
 RULESETS = [NOOPS, VIEW_CHAINS, PERMUTES, CASTS, FRESH_CLONES]
-
-
-# -- the graph boundary: results that were fresh stay fresh -----------------------------------------
-# Rules such as ``x * 1 -> x`` or ``cat([x]) -> x`` turn a fresh tensor into the input itself (or a
-# view of it). Inside a functional graph that is invisible, but a graph *output* that becomes an
-# input (or a constant) hands the caller an alias: mutating the result would mutate the input, and
-# an input the graph updates with ``copy_`` at its tail would be returned with the update applied.
-# `keep_outputs_fresh` re-adds a clone for exactly those outputs, placed right after the value is
-# defined, before any tail mutation.
-
-def _is_view_op(node) -> bool:
-    """Whether the op's result may share its first input's memory (schema alias annotation).
-
-    ``_unsafe_view`` has none (autograd treats it as fresh), yet its result shares memory.
-    """
-    t = node.target
-    if t is torch.ops.aten._unsafe_view.default:
-        return True
-    if not isinstance(t, torch._ops.OpOverload) or not t._schema.returns:
-        return False
-    info = t._schema.returns[0].alias_info
-    return info is not None and not info.is_write
-
-
-def alias_base(node):
-    """The placeholder or constant whose memory ``node`` shares (through view ops), or None if fresh."""
-    from ..ir import Node
-
-    while isinstance(node, Node):
-        if node.kind in ("placeholder", "constant"):
-            return node
-        if node.kind != "call" or not _is_view_op(node):
-            return None
-        tensors = [a for a in node.args if isinstance(a, Node)]
-        if not tensors:
-            return None
-        node = tensors[0]
-    return None
-
-
-def _output_leaves(graph) -> list:
-    out: list = []
-    _map_leaves(graph.outputs, lambda leaf: out.append(leaf) or leaf)
-    return out
-
-
-def _map_leaves(obj, fn):
-    """Rebuild a nested output structure with ``fn`` applied to each leaf, in order."""
-    if isinstance(obj, tuple):
-        return tuple(_map_leaves(x, fn) for x in obj)
-    if isinstance(obj, list):
-        return [_map_leaves(x, fn) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _map_leaves(v, fn) for k, v in obj.items()}
-    return fn(obj)
-
-
-def keep_outputs_fresh(before, after) -> int:
-    """Clone every output of ``after`` that aliases an input or a constant where ``before``'s did not.
-
-    ``before`` and ``after`` are the graph before and after optimization (same output structure);
-    outputs are compared position by position (one node may be fresh in one position and an alias
-    in another). Edits ``after`` in place; returns how many clones were added.
-    """
-    from ..ir import Node
-
-    old, new = _output_leaves(before), _output_leaves(after)
-    if len(old) != len(new):
-        raise ValueError(f"graph {after.name}: optimization changed the number of outputs ({len(old)} -> {len(new)})")
-    clones: dict[int, Node] = {}  # node id -> its clone (one clone serves every position)
-    replace: set[int] = set()  # output positions to point at the clone
-    for i, (o, n) in enumerate(zip(old, new)):
-        if not isinstance(n, Node) or alias_base(n) is None:
-            continue
-        if isinstance(o, Node) and alias_base(o) is not None:
-            continue  # it was an alias before too: AOTAutograd knows and regenerates it
-        if n.id not in clones:
-            anchor = next(m for m in after.nodes[after.nodes.index(n) + 1:] if m.kind != "placeholder")
-            clones[n.id] = after.call(torch.ops.aten.clone.default, (n,), meta=n.meta, attrs=_stream_attrs(n),
-                                      before=anchor)
-        replace.add(i)
-    if replace:
-        position = iter(range(len(new)))
-        swap = lambda leaf: clones[leaf.id] if next(position) in replace else leaf  # noqa: E731
-        after.output.args = (_map_leaves(after.outputs, swap),)
-    return len(clones)
-
-
-def _stream_attrs(node) -> dict:
-    return {"stream": node.attrs["stream"]} if "stream" in node.attrs else {}
