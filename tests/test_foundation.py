@@ -179,3 +179,17 @@ def test_backend_by_name_and_entry_point():
     assert "rewrite" in names
     x = torch.randn(4)
     torch.testing.assert_close(torch.compile(torch.sin, backend="rewrite")(x), torch.sin(x))
+
+
+def test_graph_dump_writes_every_gear_graph(tmp_path):
+    config = rewrite.CompilerConfig()
+    config.debug.graph_dump.type = "txt"
+    config.debug.graph_dump.path = str(tmp_path)
+    x = torch.randn(2, 4)
+    rewrite.inference.set_dim_gears(x, dim_gears={0: [1, 2, 4]})
+    with torch.no_grad():
+        torch.compile(torch.nn.Linear(4, 4), backend=rewrite.get_backend(config), fullgraph=True)(x)
+    gear_files = sorted(f for f in os.listdir(tmp_path) if f.endswith("_gear.txt"))
+    assert len(gear_files) == 3, os.listdir(tmp_path)
+    for f, size in zip(gear_files, ("1", "2", "4")):
+        assert f"f32[{size}, 4]" in (tmp_path / f).read_text()

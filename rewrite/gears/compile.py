@@ -135,6 +135,7 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
     if gear_spec is None:
         with report.stage("codegen"):
             return build_static(graph)
+    from ..dump import dump_graph
     from ..optimizer import optimize
     from .padding import plan_padding
 
@@ -166,6 +167,7 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
             t0 = time.perf_counter()
             static = concretize(graph, values)
             static = optimize(static, config, GraphReport(static.name))
+            dump_graph(static, config, graph_number, "gear")  # static.name carries the gear values
             report.gears[key] = static.op_counts()
             table[key] = build_static(static)
             log.log(verbose, "gears: graph %d gear %d/%d %s compiled in %.2f s", graph_number, n, len(gears), key,

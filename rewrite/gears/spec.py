@@ -13,6 +13,7 @@ At most `MAX_GEARS` gears are allowed in total: each one is a separate static gr
 from __future__ import annotations
 
 import dataclasses
+import operator
 import itertools
 import logging
 
@@ -68,11 +69,20 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
         if not isinstance(values, (list, tuple)) or not values:
             raise GearError(f"set_dim_gears: gears of dim {dim} must be a non-empty list of positive ints, "
                             f"got {values!r}")
+        ints = []
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            try:
+                iv = operator.index(v)  # ints, numpy integers, 0-d integer tensors
+            except TypeError:
+                iv = None
+            if isinstance(v, bool) or iv is None or iv <= 0:
                 raise GearError(f"set_dim_gears: gear value {v!r} of dim {dim} is not allowed; "
                                 f"gear values must be positive ints, got {list(values)}")
-        normalized[d] = tuple(values)
+            ints.append(iv)
+        if len(ints) > MAX_GEARS:
+            raise GearError(f"set_dim_gears: dim {dim} has {len(ints)} gears; at most {MAX_GEARS} gears are allowed "
+                            "in total")
+        normalized[d] = tuple(ints)
     existing: dict = getattr(tensor, _ATTR, {})
     for d, values in normalized.items():
         if d in existing and existing[d] != values:
