@@ -2,16 +2,19 @@
 
 Example (a rule file reads like a table)::
 
-    from rewrite.dsl import aten, rule, RuleSet, variables, is_float, same_shape, shape_is, value_is
+    from rewrite.dsl import aten, rule, RuleSet, variables, is_integer, shape_is, value_is
 
-    x, y, c, s = variables("x y c s")
+    x, c, s = variables("x c s")
     RULES = RuleSet("algebra.identity", [
         rule(aten.neg.default(aten.neg.default(x)), x, name="neg_neg"),
         rule(aten.mul.Tensor(x, c), x, when=[value_is(c, 1)], name="mul_one"),
-        rule(aten.add.Tensor(x, 0), x, when=[is_float(x)], name="add_zero_int_literal"),
+        rule(aten.add.Tensor(x, 0), x, when=[is_integer(x)], name="add_zero_int"),
         rule(aten.reshape.default(x, s), x, when=[shape_is(x, s)], name="reshape_noop"),
         rule(aten.t.default(aten.t.default(x)), x, name="t_t"),
     ])
+
+(``x + 0 -> x`` is declared for integers only: for a float ``x = -0.0``, ``-0.0 + 0`` is ``0.0``.
+Every replacement must also keep the matched expression's dtype and shape, see Rules below.)
 
 Public API (stable; the rule library and ``rewrite.testing`` are written against it)
 ----------------------------------------------------------------------------------
@@ -32,7 +35,8 @@ Patterns
 
 Conditions (the ``when=[...]`` list; all must hold)
     ``is_float(x)``, ``is_integer(x)`` (integer dtypes, not bool), ``is_bool(x)``,
-    ``dtype_is(x, *dtypes)``, ``same_dtype(x, y)``, ``same_shape(x, y)``,
+    ``dtype_is(x, *dtypes)`` (listed as ``tensor(x)`` when it names every dtype: ``x`` is a
+    tensor, not a Python scalar in a Tensor position), ``same_dtype(x, y)``, ``same_shape(x, y)``,
     ``shape_is(x, s)`` (the shape of tensor ``x`` equals the size list ``s``: a variable bound to
     a list argument, or a literal list), ``rank_is(x, n)``, ``value_is(c, v)`` (``c`` is a
     compile-time constant tensor or scalar whose elements all equal ``v``; typed like literals
@@ -53,8 +57,10 @@ Rules
     pattern built from the rule's ``Var`` objects (not from the values it received).
     Soundness guard applied by the engine to every rule: a replacement is only accepted where its
     dtype and shape equal those of the matched expression, so broadcasting or type promotion can
-    never silently change a result. Replacements inherit the stream of the matched node, and all
-    op nodes of a pattern must be on the same stream.
+    never silently change a result (``Rule``'s repr and ``python -m rewrite rules`` print it as
+    ``keeps dtype+shape``, after the rule's own conditions: ``squeeze.dim(x, d) -> x`` is sound
+    only through it). Replacements inherit the stream of the matched node, and all op nodes of a
+    pattern must be on the same stream.
     ``Rule`` exposes: ``name``, ``lhs``, ``rhs``, ``when``, ``variables`` (names in ``lhs``),
     ``var_types()`` (name -> torch's schema type string of the first position the variable
     takes in ``lhs``: ``"Tensor"``, ``"List[int]"``, ``"List[SymInt]"``, ``"Scalar"``,
@@ -74,6 +80,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+import zlib
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -83,7 +90,7 @@ __all__ = [
     "Condition", "is_float", "is_integer", "is_bool", "dtype_is", "same_dtype", "same_shape",
     "shape_is", "rank_is", "value_is",
     "Rule", "RuleSet", "rule", "evaluate", "canonical_call", "target_name", "target_from_name",
-    "RuleError", "match", "Call", "shape_key", "splat_key", "dtype_str",
+    "RuleError", "match", "Call", "shape_key", "splat_key", "dtype_str", "same_value",
 ]
 
 
@@ -232,7 +239,7 @@ class OpPattern(Pattern):
         pos, kw = schema_types(self.target)
         for k, v in self.kwargs.items():
             default = _schema_default(self.target, k)
-            if not (default is not _NO_DEFAULT and _same_literal(default, v)):
+            if not (default is not _NO_DEFAULT and same_value(default, v)):
                 inner.append(f"{k}={_fmt(v)}")
         return f"{self.name}({', '.join(inner)})"
 
@@ -246,10 +253,6 @@ def _schema_default(target, name):
             if a.name == name and a.has_default_value():
                 return a.default_value
     return _NO_DEFAULT
-
-
-def _same_literal(a, b) -> bool:
-    return type(a) is type(b) and a == b
 
 
 def _fmt(a) -> str:
@@ -309,10 +312,7 @@ class _OpBuilder:
         register_target(target)
 
     def __call__(self, *args, **kwargs) -> OpPattern:
-        try:
-            cargs, ckwargs = canonical_call(self.target, args, kwargs)
-        except RuleError:
-            raise
+        cargs, ckwargs = canonical_call(self.target, args, kwargs)
         return OpPattern(self.target, tuple(_as_pattern_arg(a) for a in cargs),
                          {k: _as_pattern_arg(v) for k, v in ckwargs.items()})
 
@@ -377,6 +377,8 @@ class Condition:
     def __repr__(self):
         names = ", ".join(v.name if isinstance(v, Var) else _fmt(v) for v in self.vars)
         if self.kind == "dtype_in":
+            if set(self.arg) >= set(_FLOAT + _INT + (torch.bool,)):
+                return f"tensor({names})"  # any dtype: "is a tensor, not a Python scalar"
             return f"dtype({names}) in {{{', '.join(dtype_str(d) for d in self.arg)}}}"
         extra = "" if self.arg is None else ", " + _fmt(self.arg)
         return f"{self.kind}({names}{extra})"
@@ -611,14 +613,15 @@ class Rule:
 
     def __repr__(self):
         rhs = getattr(self.rhs, "__name__", "<computed>") if self.is_computed else _fmt(self.rhs)
-        when = f" when {', '.join(map(repr, self.when))}" if self.when else ""
-        return f"{self.name}: {self.lhs!r} -> {rhs}{when}"
+        # the engine's guard on every rule (see the module docstring), listed with the conditions
+        when = ", ".join([*map(repr, self.when), "keeps dtype+shape"])
+        return f"{self.name}: {self.lhs!r} -> {rhs} when {when}"
 
 
 def rule(lhs: OpPattern, rhs, when: Iterable[Condition] = (), name: str | None = None) -> Rule:
     """Declare ``lhs -> rhs`` (under conditions ``when``)."""
     if name is None:
-        name = f"{getattr(lhs, 'name', 'rule')}#{abs(hash(repr(lhs))) % 10_000:04d}"
+        name = f"{getattr(lhs, 'name', 'rule')}#{zlib.crc32(repr(lhs).encode()) % 10_000:04d}"
     return Rule(name, lhs, rhs, tuple(when))
 
 
@@ -696,7 +699,7 @@ def match(p, tree, binding: dict | None = None) -> dict | None:
     binding = {} if binding is None else binding
     if isinstance(p, Var):
         if p.name in binding:
-            return binding if _same_value(binding[p.name], tree) else None
+            return binding if same_value(binding[p.name], tree) else None
         binding[p.name] = tree
         return binding
     if isinstance(p, OpPattern):
@@ -721,12 +724,19 @@ def match(p, tree, binding: dict | None = None) -> dict | None:
             if match(a, t, binding) is None:
                 return None
         return binding
-    return binding if _same_value(p, tree) else None
+    return binding if same_value(p, tree) else None
 
 
-def _same_value(a, b) -> bool:
+def same_value(a, b) -> bool:
+    """The one notion of literal equality (patterns, bindings, the Python rule matcher): typed
+    (``1`` is not ``1.0``, ``True`` is not ``1``), signed zeros distinct, NaN equal to nothing,
+    lists elementwise; tensors (and other objects without value equality) by identity."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return a is b
-    if isinstance(a, float) and isinstance(b, float):
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
         return a == b and math.copysign(1, a) == math.copysign(1, b)
-    return type(a) is type(b) and a == b
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return a == b

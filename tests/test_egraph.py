@@ -257,3 +257,130 @@ def test_cond_with_runtime_predicate_round_trips_with_its_branch_graphs():
     t = torch.randn(4, 8)
     torch.testing.assert_close(run(out, t, torch.tensor(True))[0], t.sin() * 2)
     torch.testing.assert_close(run(out, t, torch.tensor(False))[0], t.cos() * 2)
+
+
+def test_side_effect_inputs_are_computed_before_any_side_effect_writes():
+    """Two mutated inputs: the second copy_'s input reads x, which the first copy_ overwrites."""
+    g = Graph("two_mutations")
+    x = g.placeholder("x", F32)
+    z = g.placeholder("z", F32)
+    t = g.call(aten.mul.Tensor, (x, 2), meta=F32)
+    t2 = g.call(aten.mul.Tensor, (x, 2), meta=F32)        # CSE'd with t: the e-graph rebuilds
+    x1 = g.call(aten.add.Tensor, (x, 1), meta=F32)
+    z1 = g.call(aten.add.Tensor, (z, t), meta=F32)
+    z2 = g.call(aten.add.Tensor, (z1, t2), meta=F32)
+    g.call(aten.copy_.default, (x, x1), meta=F32)
+    g.call(aten.copy_.default, (z, z2), meta=F32)
+    g.set_output(())
+    out, report = egraph(g, rulesets=[])
+    assert report.applied["cse"] == 1
+    copies = [i for i, n in enumerate(out.nodes) if n.op == "aten.copy_.default"]
+    assert [out.nodes[i].args[0].name for i in copies] == ["x", "z"]
+    assert all(n.kind != "call" or n.op == "aten.copy_.default" for n in out.nodes[copies[0]:])
+    tx, tz = torch.arange(3.0), torch.zeros(3)
+    run(out, tx, tz)
+    torch.testing.assert_close(tx, torch.arange(3.0) + 1)
+    torch.testing.assert_close(tz, torch.arange(3.0) * 4)
+
+
+def test_compiled_function_mutating_two_inputs_matches_eager():
+    import rewrite
+
+    def fn(x, z):
+        t = x * 2
+        x.add_(1)
+        z.add_(t)
+
+    x, z = torch.arange(3.0), torch.zeros(3)
+    torch.compile(fn, backend=rewrite.get_backend())(x, z)
+    torch.testing.assert_close(x, torch.arange(3.0) + 1)
+    torch.testing.assert_close(z, torch.arange(3.0) * 2)
+
+
+def test_python_matcher_keeps_signed_zeros_and_types_apart():
+    from rewrite.dsl import Lit
+    from rewrite.egraph.pyrules import match_node
+
+    assert not match_node(Lit(0.0), -0.0, {}, None)
+    assert not match_node(Lit(1), 1.0, {}, None)
+    assert match_node(Lit(-0.0), -0.0, {}, None)
+    assert not match_node([x_, x_], [0.0, -0.0], {}, None)   # a repeated variable binds one value
+    assert match_node([x_, x_], [0.5, 0.5], {}, None)
+
+
+def test_engine_cache_never_runs_a_stale_engine():
+    """The engine cache holds its rulesets, so an id is never reused while cached, and it notices
+    a ruleset whose rules were replaced in place (same object, name and length)."""
+    import gc
+
+    from rewrite.egraph import engine_for
+
+    def relu_graph():
+        g = Graph("rr")
+        x = g.placeholder("x", F32)
+        r = g.call(aten.relu.default, (g.call(aten.relu.default, (x,), meta=F32),), meta=F32)
+        g.set_output((r,))
+        return g
+
+    relu_relu = rule(A.relu.default(A.relu.default(x_)), A.relu.default(x_), name="relu_relu")
+    rs = RuleSet("test.reuse", [rule(A.neg.default(A.neg.default(x_)), x_, name="neg_neg")])
+    engine_for([rs])
+    rs.rules[0] = relu_relu
+    out, report = egraph(relu_graph(), rulesets=[rs])
+    assert report.applied.get("relu_relu", 0) >= 1 and out.op_counts() == {"aten.relu.default": 1}
+
+    first = RuleSet("test.reuse2", [rule(A.neg.default(A.neg.default(x_)), x_, name="neg_neg")])
+    engine_for([first])
+    old = id(first)
+    del first
+    gc.collect()
+    candidates = [RuleSet("test.reuse2", [relu_relu]) for _ in range(50)]
+    reused = [c for c in candidates if id(c) == old] or candidates[:1]
+    out, report = egraph(relu_graph(), rulesets=reused[:1])
+    assert report.applied.get("relu_relu", 0) >= 1
+
+
+def test_rejected_replacements_are_not_counted_as_applied():
+    i32 = TensorMeta(torch.int32, (sympy.Integer(4), sympy.Integer(8)))
+    g = Graph("reject")
+    x = g.placeholder("x", i32)
+    zeros = g.constant(torch.zeros(2, 4, 8, dtype=torch.int32))
+    m = g.call(aten.mul.Tensor, (x, zeros), meta=TensorMeta(torch.int32, (sympy.Integer(2),) + i32.shape))
+    g.set_output((m,))
+    from rewrite.dsl import is_integer
+    rs = RuleSet("test.mul_zero", [rule(A.mul.Tensor(x_, c_), A.zeros_like.default(x_),
+                                        when=[is_integer(x_), value_is(c_, 0)], name="mul_zero_int")])
+    out, report = egraph(g, rulesets=[rs])
+    assert "mul_zero_int" not in report.applied       # zeros_like(x) is [4, 8], not [2, 4, 8]
+    assert out is g
+    # an accepted replacement is counted
+    g2 = Graph("accept")
+    x = g2.placeholder("x", i32)
+    g2.set_output((g2.call(aten.mul.Tensor, (x, g2.constant(torch.zeros(4, 8, dtype=torch.int32))), meta=i32),))
+    out, report = egraph(g2, rulesets=[rs])
+    assert report.applied.get("mul_zero_int", 0) >= 1
+    assert out.op_counts() == {"aten.zeros_like.default": 1}
+
+
+def test_unnamed_rule_names_are_stable_across_processes():
+    import subprocess
+    import sys
+
+    code = ("from rewrite.dsl import aten, rule, variables; x, = variables('x'); "
+            "print(rule(aten.neg.default(aten.neg.default(x)), x).name)")
+    env = dict(__import__("os").environ, PYTHONHASHSEED="12345")
+    other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    here = rule(A.neg.default(A.neg.default(x_)), x_).name
+    assert other.stdout.strip() == here and here.startswith("aten.neg.default#")
+
+
+def test_rule_listing_shows_the_engine_guard():
+    """Rules like squeeze.dim(x, d) -> x are sound only through the engine's meta guard: the
+    listing (``python -m rewrite rules``) shows it with the rule's own conditions."""
+    from rewrite.dsl import dtype_is
+    from rewrite.rules.shape_ops import ALL
+
+    r = rule(A.squeeze.dim(x_, y_), x_, when=[dtype_is(x_, *ALL)], name="squeeze_dim_not_one")
+    assert repr(r) == "squeeze_dim_not_one: aten.squeeze.dim(x, y) -> x when tensor(x), keeps dtype+shape"
+    r = rule(A.neg.default(A.neg.default(x_)), x_, name="neg_neg")
+    assert repr(r) == "neg_neg: aten.neg.default(aten.neg.default(x)) -> x when keeps dtype+shape"

@@ -1,10 +1,10 @@
 """The e-graph optimizer: IR -> egglog -> saturate under limits -> DAG-aware extraction -> IR.
 
-``run_egraph(graph, rulesets, config, report)`` is the one entry point (the optimizer calls it once
+``run_egraph(graph, rulesets, limits, report)`` is the one entry point (the optimizer calls it once
 per round). Stages are timed in the report as ``egraph.load``, ``egraph.saturate`` and
-``egraph.extract``; rule firings are counted under the rule names (as egglog matches: a root
-re-matched after a merge counts again), CSE under ``cse``. Whatever
-goes wrong inside, the input graph is returned unchanged and the reason is logged: the e-graph
+``egraph.extract``; rule firings are counted under the rule names: replacements that passed the
+meta guard (a root re-matched after a merge counts again), CSE under ``cse``. Whatever goes wrong
+inside, the input graph is returned unchanged and the reason is logged: the e-graph
 may only ever make a graph better, never wrong.
 """
 from __future__ import annotations
@@ -52,19 +52,27 @@ class Engine:
         self.lock = threading.Lock()
 
 
-_engines: dict[tuple, Engine] = {}
+# key -> (the rulesets and rules the key names, engine). The entry holds those objects, so none
+# of the ids in its key can be reused by another object while it is cached.
+_engines: dict[tuple, tuple[list, Engine]] = {}
 _engines_lock = threading.Lock()
 
 
+def _engine_key(rulesets: list[RuleSet]) -> tuple:
+    return tuple((id(rs), rs.name, rs.iterations, tuple(id(r) for r in rs.rules)) for rs in rulesets)
+
+
 def engine_for(rulesets: list[RuleSet]) -> Engine:
-    key = tuple((id(rs), rs.name, len(rs.rules)) for rs in rulesets)
+    """The cached engine for exactly these ruleset objects holding exactly these rule objects."""
+    key = _engine_key(rulesets)
     with _engines_lock:
-        engine = _engines.get(key)
-        if engine is None:
+        entry = _engines.get(key)
+        if entry is None:
             if len(_engines) >= 4:
                 _engines.pop(next(iter(_engines)))
-            engine = _engines[key] = Engine(rulesets)
-        return engine
+            keep = [(rs, list(rs.rules)) for rs in rulesets]
+            entry = _engines[key] = (keep, Engine(rulesets))
+        return entry[1]
 
 
 class EGraphRun:

@@ -5,8 +5,13 @@ never combines work of two streams); conditions become atoms over the dtype/shap
 analyses. The replacement is guarded by the meta of the matched e-class:
 
 * a variable replacement is unioned only where its meta equals the matched expression's;
-* an op replacement is built and recorded as ``(Pending matched replacement)``; Python infers the
-  meta of the new e-classes and the ``accept`` ruleset unions the pair when the metas agree.
+* an op replacement is built and recorded as ``(Pending matched replacement)`` (and in the rule's
+  own ``pending_<k>`` relation); Python infers the meta of the new e-classes and the rule's
+  ``accept`` rule unions the pair when the metas agree.
+
+A rule's firings (``num_matches`` under its name) are thus replacements that passed the guard:
+the variable rule's query holds the guard, and an op rule's count is that of its accept rule
+(its own match, named ``...#pending``, only proposes the replacement).
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from .terms import Tables, call_term, float_key, list_term, quote
 
 STREAM = "__stream"
 ROOT = "__root"
-MATCH_SUFFIX = "#match"  # names of the structural first stage (not counted as firings)
+MATCH_SUFFIX = "#match"      # names of the structural first stage (not counted as firings)
+PENDING_SUFFIX = "#pending"  # an op replacement proposed, not yet accepted (not counted either)
 
 
 class _Names:
@@ -126,10 +132,18 @@ class RuleCompiler:
             target = names.var(rhs.name)
             facts.append(f"(= (meta {ROOT}) (meta {target}))")
             action = f"(union {ROOT} {target})"
-        else:
-            action = f"(Pending {ROOT} {_pattern_term(rhs, names, self.tables, rhs=True)})"
-        stage2 = f"(rule ({' '.join(facts)}) ({action}) :ruleset {ruleset} :name {quote(rule_name)})"
-        return [stage1, stage2]
+            stage2 = f"(rule ({' '.join(facts)}) ({action}) :ruleset {ruleset} :name {quote(rule_name)})"
+            return [stage1, stage2]
+        pending = f"pending_{self.counter}"
+        self.declarations.append(f"(relation {pending} (Term Term))")
+        new = "__new"
+        action = (f"(let {new} {_pattern_term(rhs, names, self.tables, rhs=True)}) "
+                  f"(Pending {ROOT} {new}) ({pending} {ROOT} {new})")
+        stage2 = (f"(rule ({' '.join(facts)}) ({action}) :ruleset {ruleset} "
+                  f":name {quote(rule_name + PENDING_SUFFIX)})")
+        accept = (f"(rule (({pending} a b) (= (meta a) (meta b)) (!= a b)) ((union a b)) "
+                  f":ruleset accept :name {quote(rule_name)})")
+        return [stage1, stage2, accept]
 
     def compile_ruleset(self, rs: RuleSet) -> tuple[str, list[str]]:
         """(egglog ruleset name, commands declaring it and its rules)."""

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from ..dsl import Lit, OpPattern, Pattern, Rule, RuleSet, Var, canonical_call
+from ..dsl import Lit, OpPattern, Pattern, Rule, RuleSet, Var, canonical_call, same_value
 from ..ir import Graph, Node, map_nodes, meta_of_value
 from ..rules.folding import waited_on
 from .load import must_pin
@@ -24,12 +24,12 @@ __all__ = ["apply_computed_rules", "match_node"]
 
 
 def match_node(p, value, binding: dict, stream) -> bool:
-    """Match pattern ``p`` against an IR value (Node or Python value), extending ``binding``."""
+    """Match pattern ``p`` against an IR value (Node or Python value), extending ``binding``.
+
+    Literals compare as in the DSL (`rewrite.dsl.same_value`: typed, -0.0 is not 0.0)."""
     if isinstance(p, Var):
         if p.name in binding:
-            old = binding[p.name]
-            return old is value if isinstance(old, Node) or isinstance(value, Node) else (
-                type(old) is type(value) and old == value)
+            return same_value(binding[p.name], value)  # nodes have no value equality: by identity
         binding[p.name] = value
         return True
     if isinstance(p, OpPattern):
@@ -50,9 +50,7 @@ def match_node(p, value, binding: dict, stream) -> bool:
     if isinstance(p, (list, tuple)):
         return (isinstance(value, (list, tuple)) and len(value) == len(p)
                 and all(match_node(a, v, binding, stream) for a, v in zip(p, value)))
-    if isinstance(value, Node):
-        return False
-    return type(p) is type(value) and p == value
+    return same_value(p, value)  # a Node is never equal to a literal
 
 
 def _concrete(v):

@@ -5,8 +5,9 @@ fine). A rebuilt node that computes the same op on the same stream as an origina
 e-class takes that node's name and attrs, so dumps and module paths stay readable. Pinned nodes are
 re-created from their original node with their arguments remapped. Emission order: the
 nondeterministic pinned nodes in their original order (the random stream is consumed as in
-eager), then everything the outputs need, then side effects in their original order (functional
-graphs mutate inputs only at their tail, after every read).
+eager), then everything the outputs need, then everything the side effects read (unless it reads
+a side effect itself), then the side effects in their original order: functional graphs mutate
+inputs only at their tail, after every read, so no value may be computed between two writes.
 """
 from __future__ import annotations
 
@@ -139,9 +140,17 @@ class Rebuilder:
             if self.class_of(n) in live:
                 self.build(self.class_of(n))
         outputs = map_nodes(self.source.outputs, self.output_value)
-        for n in pinned:
-            if n.id in side:
-                self.build(self.class_of(n))
+        effects = [self.class_of(n) for n in pinned if n.id in side]
+        # Every value a side effect reads is built before the first side effect writes: building
+        # each effect's inputs just before it would compute a later copy_'s input after an
+        # earlier copy_ had overwritten the placeholder that input reads.
+        after = self.after_effects(effects)
+        for cls in effects:
+            for d in self.deps(cls):
+                if d not in after:
+                    self.build(d)
+        for cls in effects:
+            self.build(cls)
         self.graph.set_output(outputs)
         self.graph.validate()
         return self.graph
@@ -158,6 +167,25 @@ class Rebuilder:
         out = []
         map_nodes(self.source.outputs, lambda n: out.append(n) or n)
         return out
+
+    def after_effects(self, effects: list[str]) -> set[str]:
+        """Classes that are side effects or read one (directly or not): built in effect order."""
+        effect_set, after, done = set(effects), set(), set()
+        stack = list(effects)
+        while stack:
+            cls = stack[-1]
+            if cls in done:
+                stack.pop()
+                continue
+            missing = [d for d in self.deps(cls) if d not in done]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            done.add(cls)
+            if cls in effect_set or any(d in after for d in self.deps(cls)):
+                after.add(cls)
+        return after
 
     def live_classes(self, roots: list[str]) -> set[str]:
         live: set[str] = set()

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 
-from .compile import MATCH_SUFFIX
+from .compile import MATCH_SUFFIX, PENDING_SUFFIX
 from .decode import VALUE_OPS, Decoder, literal_meta, split_args, target_of
 from .load import meta_commands
 from .snapshot import Snapshot
@@ -61,6 +61,15 @@ def _pending_size(egraph) -> int:
     return 0
 
 
+def _count(result: SaturationResult, report) -> None:
+    """Add a run's firings: variable replacements that matched (their query holds the meta
+    guard) and op replacements that ``accept`` unioned; proposals and stage-one matches are not."""
+    for rule, n in report.num_matches_per_rule.items():
+        if n and not rule.endswith((MATCH_SUFFIX, PENDING_SUFFIX)) and "/" in rule:
+            short = rule.split("/", 1)[-1]
+            result.fired[short] = result.fired.get(short, 0) + n
+
+
 class Saturator:
     def __init__(self, egraph, tables: Tables, limits: Limits, symbols=None):
         self.egraph = egraph
@@ -88,10 +97,7 @@ class Saturator:
                                     "keeping the best graph found so far", reason, result.rounds)
                         return result
                     report = _run(self.egraph, f"(run-schedule (run {name}))")[-1].report
-                    for rule, n in report.num_matches_per_rule.items():
-                        if n and not rule.endswith(MATCH_SUFFIX):
-                            short = rule.split("/", 1)[-1]
-                            result.fired[short] = result.fired.get(short, 0) + n
+                    _count(result, report)
                     if not report.updated:
                         break
                     changed = True
@@ -132,6 +138,7 @@ class Saturator:
         result.metas_inferred += sum(1 for c in cmds if c.startswith("(set (meta"))
         before = egraph_size(self.egraph)
         report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report
+        _count(result, report)
         n = sum(report.num_matches_per_rule.values())
         return bool(n) or egraph_size(self.egraph) != before
 
@@ -197,8 +204,6 @@ class Saturator:
 
 def infer_meta(target, args, kwargs, symbols):
     """The meta of a new term: the shape engine's `infer_meta`."""
-    try:
-        from ..shape import infer_meta as shape_infer
-    except ImportError:
-        from ..shape.infer import infer_meta as shape_infer
+    from ..shape import infer_meta as shape_infer
+
     return shape_infer(target, args, kwargs, symbols)

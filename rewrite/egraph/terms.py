@@ -19,7 +19,8 @@ read as a shape), ``splat`` (a constant whose elements all equal one number). ``
 (the canonical sympy shape string) and ``rank`` are keyed by the meta key, so they are set once
 per distinct meta rather than once per node (each egglog command costs ~0.1 ms): a condition
 reads ``(dtype (meta x))``. ``node`` names the e-class of IR node #k; ``Pending`` holds
-(matched, replacement) pairs that are unioned once their metas are known and equal.
+(matched, replacement) pairs whose replacement metas Python infers; each op-replacement rule's
+accept rule (in the ``accept`` ruleset) unions its pairs once their metas are known and equal.
 """
 from __future__ import annotations
 
@@ -68,7 +69,6 @@ PRELUDE = """
 (function splat (Term) String :merge old)
 (relation Pending (Term Term))
 (ruleset accept)
-(rule ((Pending a b) (= (meta a) (meta b))) ((union a b)) :ruleset accept :name "accept")
 """
 
 # Term constructors other than calls (what the node limit counts, with the calls).

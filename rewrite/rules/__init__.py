@@ -25,31 +25,21 @@ __all__ = ["default_rulesets", "describe_rulesets", "RULE_MODULES", "PASSES"]
 # Modules holding DSL rulesets, in schedule order (shape ops first: they expose algebra matches).
 RULE_MODULES = ("shape_ops", "algebra")
 
-# Python passes that run on the IR between e-graph rounds (name -> what it does).
+# Python passes that run on the IR between e-graph rounds (name -> what it does). CSE is not
+# one: equal computations are one e-class of the e-graph (counted as ``cse`` in reports).
 PASSES = {
     "dead_edge": "torch.cond with a compile-time predicate -> the selected branch inlined",
     "fold": "ops whose inputs are all constants are evaluated with torch (size cap: rules.fold_size_limit)",
     "fold_sizes": "size computations whose value is a constant expression become constants",
     "dedup": "constants with identical contents become one constant",
     "prune": "only what reaches an output or has a side effect survives",
-    "cse": "equal computations become one (hash-consing in the e-graph)",
 }
-
 
 def default_rulesets() -> list[RuleSet]:
     """The default DSL rulesets, in the order they are scheduled."""
     out: list[RuleSet] = []
     for name in RULE_MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"{__name__}.{name}":
-                continue
-            raise
-        sets = getattr(module, "RULESETS", None)
-        if sets is None:
-            sets = [v for v in vars(module).values() if isinstance(v, RuleSet)]
-        out.extend(sets)
+        out.extend(importlib.import_module(f"{__name__}.{name}").RULESETS)
     return out
 
 
@@ -70,6 +60,7 @@ def describe_rulesets(extra=()) -> str:
     lines = ["Python passes (run on the IR between e-graph rounds):"]
     width = max(len(k) for k in PASSES)
     lines += [f"  {name:<{width}}  {what}" for name, what in PASSES.items()]
+    lines.append("  (CSE is no pass: equal computations are one e-class of the e-graph; reports count it as cse)")
     sets = default_rulesets() + list(extra)
     total = sum(len(rs) for rs in sets)
     lines.append("")

@@ -90,11 +90,8 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
 
 
 def _evaluate(node: Node) -> Node | None:
-    """A constant node holding ``node``'s value if every input is a constant, else None."""
-    inputs = node.inputs
-    if not all(i.kind == "constant" for i in inputs):
-        return None
-    value_of = {i.id: i.value for i in inputs}
+    """A constant node holding ``node``'s value (every input is a constant), or None."""
+    value_of = {i.id: i.value for i in node.inputs}
     value = lambda n: value_of[n.id]  # noqa: E731
     try:
         with torch.no_grad():
@@ -119,32 +116,15 @@ def _evaluate(node: Node) -> Node | None:
 def fold_sizes(graph: Graph) -> int:
     """Size computations whose value is a constant expression become constants.
 
-    Uses the shape engine's ``fold_shape_computations`` (it re-infers shapes so folds cascade)
-    when it exists and there is something to fold: it re-runs shape inference over the whole
-    graph, too slow to call on every sweep of a graph with nothing to fold. Otherwise folds every
-    foldable node whose SymMeta is a number (``sym_size`` of a static dim, arithmetic on those).
+    Uses the shape engine's ``fold_shape_computations`` (it re-infers shapes so folds cascade),
+    only when there is something to fold: it re-runs shape inference over the whole graph, too
+    slow to call on every sweep of a graph with nothing to fold.
     """
     if not any(_known_size(n) for n in graph.nodes):
         return 0
-    try:
-        from ..shape import fold_shape_computations
-    except ImportError:
-        fold_shape_computations = None
-    if fold_shape_computations is not None:
-        return fold_shape_computations(graph)
-    folded = 0
-    waited = waited_on(graph)
-    for node in list(graph.nodes):
-        if node.kind != "call" or node.id in waited or not _known_size(node) or not can_fold(node):
-            continue
-        m = node.meta
-        expr = sympy.sympify(m.expr)
-        value = bool(expr) if m.pytype is bool else int(expr) if m.pytype is int else float(expr)
-        const = graph.constant(value, SymMeta(expr, m.pytype), before=node)
-        graph.replace_all_uses(node, const)
-        graph.remove(node)
-        folded += 1
-    return folded
+    from ..shape import fold_shape_computations
+
+    return fold_shape_computations(graph)
 
 
 def _known_size(node: Node) -> bool:
