@@ -105,6 +105,8 @@ class RewriteBackend:
                 decompositions=decomposition_table(),
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
+        except torch._dynamo.exc.RestartAnalysis:
+            raise  # Dynamo traces again and calls us again: the flag must stay as it is
         except BaseException:
             # set_dim_gears turned a global Dynamo flag on until the geared graph first runs; a
             # failed compile never runs it, so put the flag back here.

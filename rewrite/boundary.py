@@ -77,16 +77,15 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
     old, new = _output_leaves(before), _output_leaves(after)
     if len(old) != len(new):
         raise ValueError(f"graph {after.name}: optimization changed the number of outputs ({len(old)} -> {len(new)})")
-    first_origin: dict[int, object] = {}  # new node id -> the original leaf of its first position
+    first_origin: dict[int, object] = {}  # new node id -> the original leaf of the first position returning it
     clones: dict[tuple, Node] = {}  # (new node id, original leaf id) -> its clone
     chosen: dict[int, Node] = {}  # output position -> clone
     for i, (o, n) in enumerate(zip(old, new)):
         if not isinstance(n, Node):
             continue
         became_alias = alias_base(n) is not None and not (isinstance(o, Node) and alias_base(o) is not None)
-        origin = first_origin.setdefault(n.id, o)
-        became_shared = origin is not o
-        if not (became_alias or became_shared):
+        # Shared: an earlier position returns this very node (not a clone of it) for another original.
+        if not became_alias and first_origin.setdefault(n.id, o) is o:
             continue
         key = (n.id, id(o))
         if key not in clones:

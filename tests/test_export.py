@@ -468,3 +468,12 @@ def test_minilm_static_and_geared_exports_match_eager_in_a_fresh_process(tmp_pat
     out = run_fresh(script, tmp_path)
     assert out.count("cases") == 2 and "cases 2" in out
     assert "refused:" in out and "not one of the compiled gears" in out
+
+
+def test_many_exports_of_one_model_in_one_process(tmp_path):
+    """Each export is a new backend (a new Dynamo cache entry); the recompile limit must not end them."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    for i in range(10):
+        rewrite.dynamo_export(x, model=model, export_path=str(tmp_path / f"e{i}"))
+    torch.testing.assert_close(rewrite.load(str(tmp_path / "e9"))(x), model(x))

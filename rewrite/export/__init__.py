@@ -10,14 +10,8 @@ dump, optionally an ONNX file, and for multi-rank models one graph per rank plus
 Nothing is ever pickled.
 """
 from .errors import ExportError
+from .exporter import dynamo_export
 from .format import FORMAT_VERSION
 from .loader import ExportedModel, load
-
-
-def dynamo_export(*args, **kwargs):
-    """See `rewrite.export.exporter.dynamo_export`; imported on use so loading never imports Dynamo."""
-    from .exporter import dynamo_export as _dynamo_export
-
-    return _dynamo_export(*args, **kwargs)
 
 __all__ = ["dynamo_export", "load", "ExportedModel", "ExportError", "FORMAT_VERSION"]

@@ -95,7 +95,9 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: bool, co
     backend = _CaptureBackend(config)
     compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)
     try:
-        with torch.no_grad():
+        # Every export brings a new backend, so Dynamo adds a cache entry for the model's code each
+        # time; lift the recompile limit for this trace so the ninth export of a model still works.
+        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1 << 30, accumulated_recompile_limit=1 << 30):
             result = compiled(*args, **kwargs)
     except ExportError:
         raise

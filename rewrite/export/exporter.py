@@ -34,7 +34,6 @@ import torch
 
 from ..config import CompilerConfig
 from ..utils import atomic_write_bytes, atomic_write_text
-from .capture import capture
 from .errors import ExportError
 from .loader import MANIFEST_FORMAT, ExportedModel
 from .program import build_program
@@ -139,6 +138,7 @@ def dynamo_export(*args, model: torch.nn.Module, export_path: str = "export_file
     t0 = time.perf_counter()
 
     log.info("export: tracing %s (dynamic=%s)", type(model).__name__, dynamic)
+    from .capture import capture  # imports Dynamo: only when exporting
     cap = capture(model, args, kwargs, dynamic, config)
     t_trace = time.perf_counter()
     program = build_program(cap, model, args, kwargs, name=export_name, dynamic=dynamic, config=config,

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import TYPE_CHECKING
 
 import sympy
 import torch
 
 from ..dump import graph_to_pbtxt
 from ..ir import Graph, SymMeta, TensorMeta
-from .capture import Captured
 from .errors import ExportError
 from .format import FORMAT_VERSION, encode_graph, encode_meta
 from .signature import describe_inputs, describe_outputs
 from .weights import WeightWriter
+
+if TYPE_CHECKING:  # capture imports Dynamo, which loading an export must not need
+    from .capture import Captured
 
 __all__ = ["Program", "build_program", "module_path", "collectives_of"]
 
