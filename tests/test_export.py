@@ -477,3 +477,15 @@ def test_many_exports_of_one_model_in_one_process(tmp_path):
     for i in range(10):
         rewrite.dynamo_export(x, model=model, export_path=str(tmp_path / f"e{i}"))
     torch.testing.assert_close(rewrite.load(str(tmp_path / "e9"))(x), model(x))
+
+
+def test_weights_folded_at_export_keep_their_parameter_names(tmp_path):
+    """A transposed weight folded into a constant is still filed under its parameter's name."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128))
+    x = torch.randn(2, 128)
+    rewrite.dynamo_export(x, model=model, export_path=str(tmp_path))
+    files = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert [f for f in files if f.startswith("0_weight")] and [f for f in files if f.startswith("2_weight")], files
+    assert not [f for f in files if f.startswith("constant_")], files
+    torch.testing.assert_close(rewrite.load(str(tmp_path))(x), model(x))

@@ -200,8 +200,9 @@ def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: di
             n.attrs["module_path"] = n.attrs["module_stack"][-1]
 
     writer = WeightWriter(weight_names, folder)
-    # weight_name (the placeholder a constant replaced) is superseded by the constant's {"weight": name}.
-    graph_data = encode_graph(g, writer.encode_constant, keep_attr=lambda key: key != "weight_name")
+    # weight_name / derived_from (the parameter a constant holds or was folded from) are superseded
+    # by the constant's {"weight": name}.
+    graph_data = encode_graph(g, writer.encode_constant, keep_attr=lambda key: key not in ("weight_name", "derived_from"))
     collectives = collectives_of(g)
     data = {
         "format": "rewrite.export",

@@ -62,9 +62,11 @@ class WeightWriter:
 
             return {"value": encode_arg(value, f"constant {node.name}")}
         weight_name = node.attrs.get("weight_name")
-        if weight_name is None and value.numel() <= INLINE_NUMEL:
+        derived = self.names.get(node.attrs.get("derived_from"))  # folded from one parameter
+        if weight_name is None and derived is None and value.numel() <= INLINE_NUMEL:
             return {"tensor": encode_inline_tensor(value)}
-        name = self._add(self.names.get(weight_name) or f"constant_{node.name}", value)
+        name = self.names.get(weight_name) or (f"{derived}.{node.name}" if derived else f"constant_{node.name}")
+        name = self._add(name, value)
         self.node_weights[node.name] = name
         return {"weight": name}
 

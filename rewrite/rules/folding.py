@@ -110,7 +110,13 @@ def _evaluate(node: Node) -> Node | None:
         meta = meta_of_value(result)
     else:
         return None
-    return Node("constant", meta=meta, attrs={"value": result})
+    attrs = {"value": result}
+    # A value computed from one weight (e.g. its transpose) keeps that weight's name, so an export
+    # can still name the file after the parameter it came from.
+    sources = {i.attrs.get("weight_name") or i.attrs.get("derived_from") for i in node.inputs} - {None}
+    if len(sources) == 1:
+        attrs["derived_from"] = sources.pop()
+    return Node("constant", meta=meta, attrs=attrs, name=node.name)
 
 
 def fold_sizes(graph: Graph) -> int:
