@@ -85,6 +85,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from .ir import target_name
+
 __all__ = [
     "Pattern", "Var", "Lit", "OpPattern", "variables", "op", "aten", "prims",
     "Condition", "is_float", "is_integer", "is_bool", "dtype_is", "same_dtype", "same_shape",
@@ -99,20 +101,7 @@ class RuleError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------
-# targets: ATen overloads and Python operators, named the way the IR prints them
-
-def target_name(target) -> str:
-    """Stable name of a call target: ``aten.mul.Tensor``, ``mul`` (operator), ``higher_order.cond``."""
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        return f"higher_order.{target.name()}"
-    mod = getattr(target, "__module__", "") or ""
-    name = getattr(target, "__name__", repr(target))
-    if mod in ("_operator", "operator"):
-        return name
-    return f"{mod}.{name}" if mod else name
-
+# targets: ATen overloads and Python operators, named the way the IR prints them (ir.target_name)
 
 _known_targets: dict[str, Any] = {}
 

@@ -37,6 +37,7 @@ __all__ = [
     "map_nodes",
     "iter_nodes",
     "op_name",
+    "target_name",
     "is_side_effect",
 ]
 
@@ -165,9 +166,11 @@ def map_nodes(obj, fn: Callable[[Node], Any]):
 
 def op_name(node: Node) -> str:
     """A short stable name for what the node does: ``aten.mm.default``, ``getitem``, ``placeholder``."""
-    if node.kind != "call":
-        return node.kind
-    t = node.target
+    return target_name(node.target) if node.kind == "call" else node.kind
+
+
+def target_name(t) -> str:
+    """Stable name of a call target: ``aten.mul.Tensor``, ``mul`` (operator), ``higher_order.cond``."""
     if isinstance(t, torch._ops.OpOverload):
         return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
     if isinstance(t, torch._ops.HigherOrderOperator):

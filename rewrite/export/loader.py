@@ -193,53 +193,36 @@ def decode_gears(data: dict, graph: Graph):
         raise ExportError(f"malformed gears record in graph file: {e!r}") from None
 
 
-def _leaf_name(program: dict, leaf: int) -> str:
-    """The argument path of leaf ``leaf`` (``x``, ``inputs['ids']``) for error messages."""
-    spec = program["inputs"]
-    found = []
-
+def _walk_leaves(spec: dict):
+    """Every leaf of an input spec with its argument path: yields (path, leaf struct)."""
     def walk(struct, where):
         if isinstance(struct, list):
             for i, s in enumerate(struct):
-                walk(s, f"{where}[{i}]")
+                yield from walk(s, f"{where}[{i}]")
         elif "tuple" in struct:
             for i, s in enumerate(struct["tuple"]):
-                walk(s, f"{where}[{i}]")
+                yield from walk(s, f"{where}[{i}]")
         elif "dict" in struct:
             for k, s in struct["dict"].items():
-                walk(s, f"{where}[{k!r}]")
-        elif struct.get("leaf") == leaf:
-            found.append(where)
+                yield from walk(s, f"{where}[{k!r}]")
+        elif "leaf" in struct:
+            yield where, struct
 
     for name, struct in zip(spec["names"], spec["positional"]):
-        walk(struct, name)
+        yield from walk(struct, name)
     for name, struct in spec["keyword"].items():
-        walk(struct, name)
-    return found[0] if found else f"#{leaf}"
+        yield from walk(struct, name)
+
+
+def _leaf_name(program: dict, leaf: int) -> str:
+    """The argument path of leaf ``leaf`` (``x``, ``inputs['ids']``) for error messages."""
+    return next((where for where, struct in _walk_leaves(program["inputs"]) if struct["leaf"] == leaf), f"#{leaf}")
 
 
 def _scalar_guards(spec: dict, bound: set) -> dict:
     """Scalar arguments the graph does not take as inputs: Dynamo baked their value into the graph."""
-    guards = {}
-
-    def walk(struct, where):
-        if isinstance(struct, list):
-            for i, s in enumerate(struct):
-                walk(s, f"{where}[{i}]")
-        elif "tuple" in struct:
-            for i, s in enumerate(struct["tuple"]):
-                walk(s, f"{where}[{i}]")
-        elif "dict" in struct:
-            for k, s in struct["dict"].items():
-                walk(s, f"{where}[{k!r}]")
-        elif "leaf" in struct and struct["type"] != "tensor" and struct["leaf"] not in bound:
-            guards[struct["leaf"]] = (where, scalar_value(struct))
-
-    for name, struct in zip(spec["names"], spec["positional"]):
-        walk(struct, name)
-    for name, struct in spec["keyword"].items():
-        walk(struct, name)
-    return guards
+    return {struct["leaf"]: (where, scalar_value(struct)) for where, struct in _walk_leaves(spec)
+            if struct["type"] != "tensor" and struct["leaf"] not in bound}
 
 
 def _rename_process_groups(graph: Graph, names: dict) -> None:
