@@ -499,15 +499,19 @@ def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.d
     extra = draw(st.lists(st.sampled_from(made), max_size=2, unique_by=lambda n: n.id))
     outs = [made[-1]] + [n for n in extra if n is not made[-1]]
     if mutations and draw(st.integers(0, 3)) == 0:
-        inputs = [p for p in g.placeholders if p.meta.dtype != torch.bool]
-        target = draw(st.sampled_from(inputs)) if inputs else None
         from .boundary import alias_base
 
-        # Not a view of the target itself: copy_ refuses overlapping source and destination.
-        sources = [n for n in made if target is not None and shape_of(n) == shape_of(target)
-                   and n.meta.dtype == target.meta.dtype and alias_base(n) is not target]
-        if sources:
-            g.call(aten.copy_.default, (target, draw(st.sampled_from(sources))), meta=target.meta)
+        # AOTAutograd's functional form: every input update is a copy_ at the tail, after all reads.
+        # Up to two of them, so a pass that reorders updates and reads has something to break.
+        inputs = [p for p in g.placeholders if p.meta.dtype != torch.bool]
+        targets = draw(st.lists(st.sampled_from(inputs), max_size=2, unique_by=lambda n: n.id)) if inputs else []
+        for target in targets:
+            # Not a view of an input: copy_ refuses overlapping source and destination, and a view
+            # of an input updated earlier would read the update (AOTAutograd never emits that).
+            sources = [n for n in made if shape_of(n) == shape_of(target)
+                       and n.meta.dtype == target.meta.dtype and alias_base(n) is None]
+            if sources:
+                g.call(aten.copy_.default, (target, draw(st.sampled_from(sources))), meta=target.meta)
     g.set_output(tuple(outs))
     g.validate()
     return g
