@@ -29,6 +29,8 @@ def run_demo(batches=(1, 2, 4, 8), seq: int = 32) -> None:
     print(f"rewrite demo: all-MiniLM-L6-v2 (real weights), batch gears {list(batches)}, sequence {seq}\n")
     model = models.minilm()
     config = CompilerConfig()
+    # Inference with fixed weights: let folding and de-duplication see them as constants.
+    config.experimental_config.frozen_parameter = True
     backend = get_backend(config)
     compiled = torch.compile(model, backend=backend, fullgraph=True)
 
