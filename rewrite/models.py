@@ -16,21 +16,26 @@ def _eval(model):
     return model
 
 
+def _seeded(build):
+    """Build a model from seed 0 without touching the caller's global random state."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return _eval(build())
+
+
 def bert(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 512):
     from transformers import BertConfig, BertModel
 
     cfg = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      intermediate_size=hidden * 4, max_position_embeddings=128)
-    torch.manual_seed(0)
-    return _eval(BertModel(cfg))
+    return _seeded(lambda: BertModel(cfg))
 
 
 def gpt2(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 512):
     from transformers import GPT2Config, GPT2Model
 
     cfg = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=128)
-    torch.manual_seed(0)
-    return _eval(GPT2Model(cfg))
+    return _seeded(lambda: GPT2Model(cfg))
 
 
 def t5(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 512):
@@ -38,8 +43,7 @@ def t5(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 512):
 
     cfg = T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=hidden * 4, num_layers=layers,
                    num_decoder_layers=layers, num_heads=heads)
-    torch.manual_seed(0)
-    return _eval(T5Model(cfg))
+    return _seeded(lambda: T5Model(cfg))
 
 
 def vit(layers: int = 2, hidden: int = 64, heads: int = 4, image: int = 32, patch: int = 8):
@@ -47,8 +51,7 @@ def vit(layers: int = 2, hidden: int = 64, heads: int = 4, image: int = 32, patc
 
     cfg = ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                     intermediate_size=hidden * 4, image_size=image, patch_size=patch)
-    torch.manual_seed(0)
-    return _eval(ViTModel(cfg))
+    return _seeded(lambda: ViTModel(cfg))
 
 
 def minilm_path() -> str:
