@@ -8,6 +8,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 @pytest.fixture(autouse=True)
+def _size_oblivious_flag_restored():
+    """set_dim_gears turns on a torch flag until the geared graph runs; never leak it to other tests."""
+    before = torch.fx.experimental._config.backed_size_oblivious
+    yield
+    from rewrite.gears.spec import restore_size_oblivious
+
+    restore_size_oblivious()
+    torch.fx.experimental._config.backed_size_oblivious = before
+
+
+@pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test starts with Dynamo's caches empty, so compile counts are the test's own."""
     torch._dynamo.reset()

@@ -489,3 +489,11 @@ def test_weights_folded_at_export_keep_their_parameter_names(tmp_path):
     assert [f for f in files if f.startswith("0_weight")] and [f for f in files if f.startswith("2_weight")], files
     assert not [f for f in files if f.startswith("constant_")], files
     torch.testing.assert_close(rewrite.load(str(tmp_path))(x), model(x))
+
+
+def test_gears_with_a_static_export_are_refused(tmp_path):
+    x = torch.randn(4, 3)
+    rewrite.inference.set_dim_gears(x, dim_gears={0: [2, 4]})
+    with pytest.raises(rewrite.export.ExportError, match="dynamic=True"):
+        rewrite.dynamo_export(x, model=torch.nn.Linear(3, 3), export_path=str(tmp_path / "e"))
+    assert not (tmp_path / "e").exists()

@@ -14,17 +14,6 @@ from rewrite.gears import MAX_GEARS, GearError, get_dim_gears, merge_gears, set_
 from rewrite.gears.spec import InputGears
 
 
-@pytest.fixture(autouse=True)
-def _size_oblivious_flag_restored():
-    """set_dim_gears turns on a torch flag until the geared graph runs; never leak it to other tests."""
-    before = torch.fx.experimental._config.backed_size_oblivious
-    yield
-    from rewrite.gears.spec import restore_size_oblivious
-
-    restore_size_oblivious()
-    torch.fx.experimental._config.backed_size_oblivious = before
-
-
 def unique_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 

@@ -16,7 +16,7 @@ import heapq
 
 from .cost import DISPATCH, op_cost
 from .decode import Decoder
-from .snapshot import ENode, Snapshot
+from .snapshot import Snapshot
 from .terms import Tables, is_call
 
 

@@ -61,6 +61,19 @@ def _check_arguments(model, export_path, export_name, dynamic, config) -> None:
         raise TypeError(f"config must be a rewrite.CompilerConfig, got {type(config).__name__}")
 
 
+def _check_gears_need_dynamic(args: tuple, kwargs: dict, dynamic: bool) -> None:
+    """Gears describe the sizes of a dynamic graph; a static export would silently ignore them."""
+    from ..gears import get_dim_gears
+
+    if dynamic:
+        return
+    flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+    for i, leaf in enumerate(flat):
+        if isinstance(leaf, torch.Tensor) and get_dim_gears(leaf):
+            raise ExportError(f"input #{i} has gears {get_dim_gears(leaf)} (set_dim_gears) but dynamic=False; "
+                              "pass dynamic=True to export a geared graph, or export without gears")
+
+
 def _distributed() -> tuple[int | None, int | None]:
     import torch.distributed as dist
 
@@ -131,6 +144,7 @@ def dynamo_export(*args, model: torch.nn.Module, export_path: str = "export_file
     """
     config = CompilerConfig() if config is None else config
     _check_arguments(model, export_path, export_name, dynamic, config)
+    _check_gears_need_dynamic(args, kwargs, dynamic)
     export_path = os.fspath(export_path)
     rank, world_size = _distributed()
     folder = "" if rank is None else f"rank_{rank}"

@@ -13,4 +13,4 @@ from .spec import (MAX_GEARS, GearError, GearSpec, collect_gear_specs, get_dim_g
                    restore_size_oblivious, set_dim_gears)
 
 __all__ = ["set_dim_gears", "get_dim_gears", "collect_gear_specs", "compile_dynamic", "merge_gears", "bind_gears",
-           "concretize", "GearDispatcher", "GearError", "GearSpec", "MAX_GEARS"]
+           "concretize", "GearDispatcher", "GearError", "GearSpec", "MAX_GEARS", "restore_size_oblivious"]
