@@ -36,6 +36,7 @@ __all__ = [
     "SymbolInfo",
     "map_nodes",
     "iter_nodes",
+    "iter_instances",
     "op_name",
     "target_name",
     "is_side_effect",
@@ -139,16 +140,21 @@ class Node:
         return f"%{self.name}"
 
 
-def iter_nodes(obj) -> Iterator[Node]:
-    """All `Node`s inside a nested args structure (does not descend into subgraphs)."""
-    if isinstance(obj, Node):
+def iter_instances(obj, cls) -> Iterator:
+    """Every instance of ``cls`` inside a nested list/tuple/dict structure, in order."""
+    if isinstance(obj, cls):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for x in obj:
-            yield from iter_nodes(x)
+            yield from iter_instances(x, cls)
     elif isinstance(obj, dict):
         for x in obj.values():
-            yield from iter_nodes(x)
+            yield from iter_instances(x, cls)
+
+
+def iter_nodes(obj) -> Iterator[Node]:
+    """All `Node`s inside a nested args structure (does not descend into subgraphs)."""
+    return iter_instances(obj, Node)
 
 
 def map_nodes(obj, fn: Callable[[Node], Any]):

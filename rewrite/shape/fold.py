@@ -22,7 +22,7 @@ import logging
 import sympy
 import torch
 
-from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, map_nodes
+from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes
 from .context import ShapeContext, to_expr
 from .infer import infer_graph
 
@@ -181,14 +181,7 @@ def _drop_proven_assertions(graph: Graph) -> None:
 
 
 def _subgraphs(obj):
-    if isinstance(obj, Graph):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _subgraphs(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _subgraphs(x)
+    return iter_instances(obj, Graph)
 
 
 # -- substitution ----------------------------------------------------------------------------

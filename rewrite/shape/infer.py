@@ -14,7 +14,7 @@ import re
 import sympy
 import torch
 
-from ..ir import Graph, Node, SymMeta, TensorMeta, map_nodes, meta_of_value
+from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, map_nodes, meta_of_value
 from .context import ShapeContext, ShapeInferenceError, to_expr
 from .kernels import describe_op, probe_dtype
 from .rules import RULES, SCALAR_RULES, NoRule, bind, elementwise, is_elementwise
@@ -165,14 +165,7 @@ def _unknown_rank_meta(target, args, kwargs, ctx: ShapeContext):
 
 
 def _tensor_metas(obj):
-    if isinstance(obj, TensorMeta):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _tensor_metas(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensor_metas(x)
+    return iter_instances(obj, TensorMeta)
 
 
 # -- graphs ----------------------------------------------------------------------------------
