@@ -29,7 +29,12 @@ aten = torch.ops.aten
 FLOPS_PER_S = 100e9
 BYTES_PER_S = 8e9
 OP_OVERHEAD_S = 4e-6
-SYNC_S = 25e-6  # an event wait/set between two threads
+SYNC_S = 40e-6  # an event wait/set between two threads (measured: ~75 us for a queue round trip)
+# Fixed costs of running a call on several threads, from benchmarks/streams.py on 2 cores: a graph
+# of 16x16 ops took 0.23 ms on three streams against 0.04 ms on one. Per side stream and call: lease
+# a worker, hand it the call, join it. Per op off the caller's thread: GIL hand-offs.
+LAUNCH_S = 90e-6
+SWITCH_S = 30e-6
 WORK_PER_THREAD = 5e-5  # an op needs about this much single-thread time per thread it uses well
 MIN_GAIN = 0.8  # keep the assignment only if it is estimated at most 80% of one stream's time
 
@@ -130,14 +135,16 @@ def assign_streams(graph: Graph, num_streams: int | None = None, threads: int | 
                 waiting[u.id] -= 1
                 if waiting[u.id] == 0:
                     ready.append(u)
-    multi = max(finish.values())
     used = sorted(set(stream_of.values()))
+    main = stream_of[calls[0].id]
+    off_main = sum(1 for n in calls if stream_of[n.id] != main and cost[n.id] > 0.0)
+    multi = max(finish.values()) + LAUNCH_S * (len(used) - 1) + SWITCH_S * off_main
     log.debug("auto_streams %s: one stream %.1f us, %d streams %.1f us", graph.name, single * 1e6,
               len(used), multi * 1e6)
     if len(used) < 2 or multi > MIN_GAIN * single:
         return {}
     # The stream that runs the first op becomes the default (caller's) stream.
-    first = stream_of[calls[0].id]
+    first = main
     rename = {first: None}
     for s in used:
         if s not in rename:
