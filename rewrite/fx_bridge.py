@@ -117,14 +117,20 @@ def _collect_symbols(g: Graph, shape_env) -> None:
         info = g.symbols.setdefault(s, SymbolInfo(None, None))
         if shape_env is not None and s in getattr(shape_env, "var_to_range", {}):
             r = shape_env.var_to_range[s]
-            try:
-                info.lower = int(r.lower)
-            except (TypeError, ValueError):
-                pass
-            try:
-                info.upper = None if r.upper.is_infinite or r.upper == sympy.oo else int(r.upper)
-            except (TypeError, ValueError, AttributeError):
-                info.upper = None
+            lower = _finite_int(r.lower)
+            # Unbounded below: a plain int argument (not a size); SymInts are int64 underneath.
+            info.lower = lower if lower is not None else -(2**63)
+            info.upper = _finite_int(r.upper)
+
+
+def _finite_int(bound) -> int | None:
+    """A range bound as an int, or None when it is infinite (sympy's oo or torch's int_oo)."""
+    if getattr(bound, "is_finite", None) is False or getattr(bound, "is_infinite", None):
+        return None
+    try:
+        return int(bound)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
 
 
 def to_fx(g: Graph) -> torch.fx.GraphModule:

@@ -193,3 +193,13 @@ def test_graph_dump_writes_every_gear_graph(tmp_path):
     assert len(gear_files) == 3, os.listdir(tmp_path)
     for f, size in zip(gear_files, ("1", "2", "4")):
         assert f"f32[{size}, 4]" in (tmp_path / f).read_text()
+
+
+def test_dynamic_int_argument_becomes_a_symbol_with_an_unbounded_range():
+    def scale(x, n: int):
+        return x * n + n
+
+    compiled = torch.compile(scale, backend="rewrite", dynamic=True)
+    x = torch.randn(5)
+    for n in (2, 3, -7):
+        torch.testing.assert_close(compiled(x, n), scale(x, n))
