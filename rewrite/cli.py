@@ -21,7 +21,11 @@ def _rules(_args) -> int:
 def _check_rules(args) -> int:
     from .testing import check_ruleset_module
 
-    report = check_ruleset_module(args.module)
+    try:
+        report = check_ruleset_module(args.module)
+    except ValueError as e:  # bad module name or no rulesets in it: say so, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(report)
     return 0 if getattr(report, "ok", True) else 1
 

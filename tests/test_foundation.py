@@ -203,3 +203,13 @@ def test_dynamic_int_argument_becomes_a_symbol_with_an_unbounded_range():
     x = torch.randn(5)
     for n in (2, 3, -7):
         torch.testing.assert_close(compiled(x, n), scale(x, n))
+
+
+def test_cli_lists_rules_and_reports_a_bad_module(capsys):
+    from rewrite.cli import main
+
+    assert main(["rules"]) == 0
+    listing = capsys.readouterr().out
+    assert "shape.noops" in listing and "view_same_shape" in listing and "keeps dtype+shape" in listing
+    assert main(["check-rules", "no_such_module_anywhere"]) == 2
+    assert "cannot import module 'no_such_module_anywhere'" in capsys.readouterr().err
