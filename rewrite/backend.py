@@ -1,8 +1,10 @@
 """The torch.compile backend: Dynamo graph -> AOTAutograd core-ATen graph -> rewrite pipeline.
 
 Pipeline of one graph (see DESIGN.md):
-    from_fx -> freeze weights (optional) -> optimize (e-graph) -> gears (one static graph per gear)
-    -> build_executable (codegen / Inductor / stream scheduler) -> a callable Dynamo runs.
+    from_fx -> stream scopes become node attributes -> freeze weights (optional)
+    -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary)
+    -> gears (one static graph per gear, re-optimized) -> build_executable (codegen / Inductor /
+    stream scheduler) -> a boxed callable that AOTAutograd and Dynamo run.
 """
 from __future__ import annotations
 
