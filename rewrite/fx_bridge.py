@@ -5,7 +5,7 @@ import sympy
 import torch
 import torch.fx
 
-from .ir import Graph, Node, SymbolInfo, SymMeta, TensorMeta, map_nodes
+from .ir import MIN_INT64, Graph, Node, SymbolInfo, SymMeta, TensorMeta, map_nodes
 
 __all__ = ["from_fx", "to_fx", "meta_from_val", "CompileError"]
 
@@ -119,7 +119,7 @@ def _collect_symbols(g: Graph, shape_env) -> None:
             r = shape_env.var_to_range[s]
             lower = _finite_int(r.lower)
             # Unbounded below: a plain int argument (not a size); SymInts are int64 underneath.
-            info.lower = lower if lower is not None else -(2**63)
+            info.lower = lower if lower is not None else MIN_INT64
             info.upper = _finite_int(r.upper)
 
 

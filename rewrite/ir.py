@@ -34,6 +34,7 @@ __all__ = [
     "Node",
     "Graph",
     "SymbolInfo",
+    "MIN_INT64",
     "map_nodes",
     "iter_nodes",
     "iter_instances",
@@ -86,6 +87,10 @@ class SymMeta:
 
     def __str__(self):
         return f"{self.pytype.__name__}={self.expr}"
+
+
+# The smallest value a SymInt can take (int64): the lower bound of an int symbol unbounded below.
+MIN_INT64 = -(2**63)
 
 
 @dataclasses.dataclass

@@ -469,12 +469,8 @@ class TwoBranches(torch.nn.Module):
         return a + b
 
 
-def test_auto_streams_splits_independent_branches(monkeypatch):
-    from rewrite.exec import auto_streams
-
-    # Where handing work to another thread were free, two equal branches are worth two streams.
-    monkeypatch.setattr(auto_streams, "LAUNCH_S", 0.0)
-    monkeypatch.setattr(auto_streams, "SWITCH_S", 0.0)
+def _auto_streams_on_two_branches():
+    """Compile two equal branches of 8 matmuls 128x128 with auto_streams; check them against eager."""
     config = rewrite.CompilerConfig()
     config.exec.auto_streams = True
     model = TwoBranches(128).eval()
@@ -482,6 +478,16 @@ def test_auto_streams_splits_independent_branches(monkeypatch):
     x = torch.randn(128, 128)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    return backend
+
+
+def test_auto_streams_splits_independent_branches(monkeypatch):
+    from rewrite.exec import auto_streams
+
+    # Where handing work to another thread were free, two equal branches are worth two streams.
+    monkeypatch.setattr(auto_streams, "LAUNCH_S", 0.0)
+    monkeypatch.setattr(auto_streams, "SWITCH_S", 0.0)
+    backend = _auto_streams_on_two_branches()
     assert _applied(backend)["streams"] == 2
     assert _applied(backend)["stream_syncs"] <= 2  # one join, at most one more
 
@@ -489,13 +495,7 @@ def test_auto_streams_splits_independent_branches(monkeypatch):
 def test_auto_streams_keeps_small_branches_on_one_stream():
     """With the measured thread costs, 8 matmuls of 128x128 per branch are not worth a second
     stream (benchmarks/streams.py measured such a split at 0.64x of one stream on 2 cores)."""
-    config = rewrite.CompilerConfig()
-    config.exec.auto_streams = True
-    model = TwoBranches(128).eval()
-    compiled, backend = _compile(model, config)
-    x = torch.randn(128, 128)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    backend = _auto_streams_on_two_branches()
     assert "streams" not in _applied(backend)
 
 

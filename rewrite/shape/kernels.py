@@ -17,14 +17,13 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from ..ir import SymMeta, TensorMeta
+from ..ir import MIN_INT64, SymMeta, TensorMeta
 from .context import ShapeInferenceError, to_expr
 
 log = logging.getLogger("rewrite")
 
 __all__ = ["KernelRunner", "probe_dtype", "describe_op"]
 
-_MIN_INT = -(2 ** 63)
 _PRIMES = [p for p in range(11, 2000) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
 
 
@@ -124,7 +123,7 @@ class KernelRunner:
             r = self.shape_env.var_to_range.get(s)
             lower = r.lower if r is not None else 0
             # item() may be negative; a data-dependent size (nonzero) is not.
-            lower = int(lower) if getattr(lower, "is_Integer", False) or isinstance(lower, int) else _MIN_INT
+            lower = int(lower) if getattr(lower, "is_Integer", False) or isinstance(lower, int) else MIN_INT64
             fresh = self.ctx.symbol_at_site(len(renames), lower=lower)
             self.ctx.data_dependent.append(fresh)
             renames[s] = fresh
