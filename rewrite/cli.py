@@ -1,7 +1,7 @@
 """`python -m rewrite ...`: the demo, the rule catalogue and the rule checker.
 
     python -m rewrite demo                 compile MiniLM with batch gears; print what happened and timings
-    python -m rewrite rules                list the rulesets and their rules
+    python -m rewrite rules                print the optimization schedule: passes, rulesets, rules
     python -m rewrite check-rules MODULE   check every rule of a user's ruleset module numerically
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ import sys
 
 
 def _rules(_args) -> int:
-    from .rules import describe_rulesets
+    from .optimizer import describe_schedule
 
-    print(describe_rulesets())
+    print(describe_schedule())
     return 0
 
 

@@ -79,13 +79,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import zlib
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import torch
 
-from .ir import target_name
+from .ops import (ALL_DTYPES, FLOATS, INTS, NO_DEFAULT, OpError, canonical_call, dtype_str, register_target,
+                  schema_default, schema_types, shape_key, splat_key, target_from_name, target_name)
 
 __all__ = [
     "Pattern", "Var", "Lit", "OpPattern", "variables", "op", "aten", "prims",
@@ -98,81 +98,6 @@ __all__ = [
 
 class RuleError(ValueError):
     """A rule or pattern is malformed; the message names the rule and what is allowed."""
-
-
-# ---------------------------------------------------------------------------------------------
-# targets: ATen overloads and Python operators, named the way the IR prints them (ir.target_name)
-
-_known_targets: dict[str, Any] = {}
-
-
-def register_target(target) -> str:
-    """Remember ``target`` under its name so ``target_from_name`` can give it back."""
-    name = target_name(target)
-    _known_targets.setdefault(name, target)
-    return name
-
-
-def target_from_name(name: str):
-    """The callable named ``name`` (see `target_name`); raises RuleError if unknown."""
-    if name in _known_targets:
-        return _known_targets[name]
-    if hasattr(operator, name):
-        return getattr(operator, name)
-    parts = name.split(".")
-    if len(parts) == 3:
-        ns, opname, overload = parts
-        try:
-            t = getattr(getattr(getattr(torch.ops, ns), opname), overload)
-        except AttributeError:
-            t = None
-        if t is not None:
-            _known_targets[name] = t
-            return t
-    raise RuleError(f"unknown op target {name!r}; expected an ATen overload such as 'aten.mul.Tensor' "
-                    "or a Python operator such as 'mul'")
-
-
-def canonical_call(target, args: Sequence, kwargs: dict | None = None) -> tuple[tuple, dict]:
-    """``(args, kwargs)`` of an ATen call with every schema argument present.
-
-    Positional schema arguments go to ``args`` and keyword-only ones to ``kwargs``; missing ones
-    take their schema default. Two spellings of the same call thus compare equal, which is what
-    lets a pattern match a node and the e-graph CSE them. Non-ATen targets pass through.
-    """
-    kwargs = dict(kwargs or {})
-    if not isinstance(target, torch._ops.OpOverload):
-        return tuple(args), kwargs
-    schema = target._schema
-    out_args, out_kwargs = [], {}
-    positional = [a for a in schema.arguments if not a.kwarg_only]
-    if len(args) > len(positional):
-        raise RuleError(f"{target_name(target)} takes {len(positional)} positional arguments, got {len(args)}")
-    for i, a in enumerate(schema.arguments):
-        if not a.kwarg_only and i < len(args):
-            value = args[i]
-        elif a.name in kwargs:
-            value = kwargs.pop(a.name)
-        elif a.has_default_value():
-            value = a.default_value
-        else:
-            raise RuleError(f"{target_name(target)}: missing required argument {a.name!r} "
-                            f"(schema: {schema})")
-        (out_kwargs.__setitem__(a.name, value) if a.kwarg_only else out_args.append(value))
-    if kwargs:
-        raise RuleError(f"{target_name(target)}: unknown keyword arguments {sorted(kwargs)}; "
-                        f"schema: {schema}")
-    return tuple(out_args), out_kwargs
-
-
-def schema_types(target) -> tuple[list[str], dict[str, str]]:
-    """Schema type strings of the positional and keyword-only arguments ('Tensor', 'int[]', ...)."""
-    if not isinstance(target, torch._ops.OpOverload):
-        return [], {}
-    pos, kw = [], {}
-    for a in target._schema.arguments:
-        (kw.__setitem__(a.name, str(a.type)) if a.kwarg_only else pos.append(str(a.type)))
-    return pos, kw
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,23 +150,28 @@ class OpPattern(Pattern):
 
     def __repr__(self):
         inner = [_fmt(a) for a in self.args]
-        pos, kw = schema_types(self.target)
         for k, v in self.kwargs.items():
-            default = _schema_default(self.target, k)
-            if not (default is not _NO_DEFAULT and same_value(default, v)):
+            default = schema_default(self.target, k)
+            if not (default is not NO_DEFAULT and same_value(default, v)):
                 inner.append(f"{k}={_fmt(v)}")
         return f"{self.name}({', '.join(inner)})"
 
+    def to_egglog(self, scope, rhs: bool = False) -> str:
+        items = [_egglog_term(a, scope, rhs) for a in list(self.args) + list(self.kwargs.values())]
+        return scope.call(self.name, items, rhs)
 
-_NO_DEFAULT = object()
 
-
-def _schema_default(target, name):
-    if isinstance(target, torch._ops.OpOverload):
-        for a in target._schema.arguments:
-            if a.name == name and a.has_default_value():
-                return a.default_value
-    return _NO_DEFAULT
+def _egglog_term(p, scope, rhs: bool) -> str:
+    """egglog term of a pattern or literal argument (``scope`` names variables and streams)."""
+    if isinstance(p, Var):
+        return scope.var(p.name)
+    if isinstance(p, OpPattern):
+        return p.to_egglog(scope, rhs)
+    if isinstance(p, Lit):
+        return _egglog_term(p.value, scope, rhs)
+    if isinstance(p, (list, tuple)):
+        return scope.sequence([_egglog_term(a, scope, rhs) for a in p], isinstance(p, list))
+    return scope.literal(p)
 
 
 def _fmt(a) -> str:
@@ -301,7 +231,10 @@ class _OpBuilder:
         register_target(target)
 
     def __call__(self, *args, **kwargs) -> OpPattern:
-        cargs, ckwargs = canonical_call(self.target, args, kwargs)
+        try:
+            cargs, ckwargs = canonical_call(self.target, args, kwargs)
+        except OpError as e:
+            raise RuleError(str(e)) from None
         return OpPattern(self.target, tuple(_as_pattern_arg(a) for a in cargs),
                          {k: _as_pattern_arg(v) for k, v in ckwargs.items()})
 
@@ -341,58 +274,174 @@ prims = _Namespace("prims")
 
 
 # ---------------------------------------------------------------------------------------------
-# conditions
+# conditions: one class each, checked in three places
 
-_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_INT = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-
-
-def dtype_str(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-@dataclasses.dataclass(frozen=True)
 class Condition:
-    """A side condition of a rule. ``kind`` names the check; ``vars`` the variables it reads.
+    """A side condition of a rule, over the variables in ``vars``.
 
-    ``holds(binding)`` evaluates it in Python; the e-graph compiles the same check to a query on
-    its dtype/shape/value analyses (see ``rewrite.egraph.compile``).
+    Each condition says itself in the three places a rule is used: ``holds(binding)`` on concrete
+    values or metas (the Python matcher, `rewrite.testing`), ``to_egglog(scope, compiler)`` as
+    atoms over the e-graph's dtype/shape/sizes/splat analyses, and ``hint(hints)`` for what
+    `rewrite.testing.check_rule` should draw so that random instances satisfy it.
     """
 
-    kind: str
-    vars: tuple
-    arg: Any = None
-
-    def __repr__(self):
-        names = ", ".join(v.name if isinstance(v, Var) else _fmt(v) for v in self.vars)
-        if self.kind == "dtype_in":
-            if set(self.arg) >= set(_FLOAT + _INT + (torch.bool,)):
-                return f"tensor({names})"  # any dtype: "is a tensor, not a Python scalar"
-            return f"dtype({names}) in {{{', '.join(dtype_str(d) for d in self.arg)}}}"
-        extra = "" if self.arg is None else ", " + _fmt(self.arg)
-        return f"{self.kind}({names}{extra})"
+    vars: tuple = ()
 
     def holds(self, binding: dict) -> bool:
-        vals = [_bound(v, binding) for v in self.vars]
-        k = self.kind
-        if k == "dtype_in":
-            d = _dtype_of(vals[0])
-            return d is not None and d in self.arg
-        if k == "same_dtype":
-            a, b = _dtype_of(vals[0]), _dtype_of(vals[1])
-            return a is not None and a == b
-        if k == "same_shape":
-            a, b = _shape_of(vals[0]), _shape_of(vals[1])
-            return a is not None and b is not None and shape_key(a) == shape_key(b)
-        if k == "shape_is":
-            a, s = _shape_of(vals[0]), _size_list(vals[1])
-            return a is not None and s is not None and shape_key(a) == shape_key(s)
-        if k == "rank_is":
-            a = _shape_of(vals[0])
-            return a is not None and len(a) == self.arg
-        if k == "value_is":
-            return splat_key(vals[0]) == splat_key(self.arg) is not None
-        raise RuleError(f"unknown condition kind {k!r}")
+        raise NotImplementedError
+
+    def to_egglog(self, scope, compiler) -> list[str]:
+        raise NotImplementedError
+
+    def hint(self, hints: dict) -> None:
+        """Record in ``hints`` (variable name -> {key: value}) what the condition asks for."""
+
+    def _names(self) -> str:
+        return ", ".join(v.name if isinstance(v, Var) else _fmt(v) for v in self.vars)
+
+    def _values(self, binding: dict) -> list:
+        return [_bound(v, binding) for v in self.vars]
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class DtypeIn(Condition):
+    x: Var
+    dtypes: tuple
+
+    @property
+    def vars(self):
+        return (self.x,)
+
+    def __repr__(self):
+        if set(self.dtypes) >= set(ALL_DTYPES):
+            return f"tensor({self._names()})"  # any dtype: "is a tensor, not a Python scalar"
+        return f"dtype({self._names()}) in {{{', '.join(dtype_str(d) for d in self.dtypes)}}}"
+
+    def holds(self, binding):
+        d = _dtype_of(self._values(binding)[0])
+        return d is not None and d in self.dtypes
+
+    def to_egglog(self, scope, compiler):
+        return [f"({compiler.dtype_set(self.dtypes)} (dtype (meta {scope.var(self.x.name)})))"]
+
+    def hint(self, hints):
+        h = hints.setdefault(self.x.name, {})
+        h["dtypes"] = tuple(d for d in self.dtypes if d in h.get("dtypes", self.dtypes))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _SameMeta(Condition):
+    """``x`` and ``y`` agree on one part of their metas (`SameDtype`, `SameShape`)."""
+
+    x: Var
+    y: Var
+    label = ""        # the condition's name in listings
+    analysis = ""     # the e-graph analysis both must agree on
+    hint_key = ""     # what rewrite.testing draws one like the other
+
+    @property
+    def vars(self):
+        return (self.x, self.y)
+
+    def __repr__(self):
+        return f"{self.label}({self._names()})"
+
+    def to_egglog(self, scope, compiler):
+        a, b = scope.var(self.x.name), scope.var(self.y.name)
+        return [f"(= ({self.analysis} (meta {a})) ({self.analysis} (meta {b})))"]
+
+    def hint(self, hints):
+        hints.setdefault(self.x.name, {})[self.hint_key] = self.y.name
+        hints.setdefault(self.y.name, {})[self.hint_key] = self.x.name
+
+
+class SameDtype(_SameMeta):
+    label, analysis, hint_key = "same_dtype", "dtype", "dtype_like"
+
+    def holds(self, binding):
+        a, b = (_dtype_of(v) for v in self._values(binding))
+        return a is not None and a == b
+
+
+class SameShape(_SameMeta):
+    label, analysis, hint_key = "same_shape", "shape", "shape_like"
+
+    def holds(self, binding):
+        a, b = (_shape_of(v) for v in self._values(binding))
+        return a is not None and b is not None and shape_key(a) == shape_key(b)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class ShapeIs(Condition):
+    x: Var
+    sizes: Any  # a Var bound to a size list, or a Lit holding a list of ints
+
+    @property
+    def vars(self):
+        return (self.x, self.sizes)
+
+    def __repr__(self):
+        return f"shape_is({self._names()})"
+
+    def holds(self, binding):
+        a, s = _shape_of(self._values(binding)[0]), _size_list(self._values(binding)[1])
+        return a is not None and s is not None and shape_key(a) == shape_key(s)
+
+    def to_egglog(self, scope, compiler):
+        x = scope.var(self.x.name)
+        if isinstance(self.sizes, Var):
+            return [f"(= (shape (meta {x})) (sizes {scope.var(self.sizes.name)}))"]
+        return [f'(= (shape (meta {x})) "{shape_key(self.sizes.value)}")']
+
+    def hint(self, hints):
+        hints.setdefault(self.x.name, {})
+        if isinstance(self.sizes, Var):
+            hints.setdefault(self.sizes.name, {})["sizes_of"] = self.x.name
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class RankIs(Condition):
+    x: Var
+    rank: int
+
+    @property
+    def vars(self):
+        return (self.x,)
+
+    def __repr__(self):
+        return f"rank_is({self._names()}, {self.rank!r})"
+
+    def holds(self, binding):
+        a = _shape_of(self._values(binding)[0])
+        return a is not None and len(a) == self.rank
+
+    def to_egglog(self, scope, compiler):
+        return [f"(= (rank (meta {scope.var(self.x.name)})) {self.rank})"]
+
+    def hint(self, hints):
+        hints.setdefault(self.x.name, {})["rank"] = self.rank
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class ValueIs(Condition):
+    c: Var
+    value: Any  # int or float
+
+    @property
+    def vars(self):
+        return (self.c,)
+
+    def __repr__(self):
+        return f"value_is({self._names()}, {self.value!r})"
+
+    def holds(self, binding):
+        return splat_key(self._values(binding)[0]) == splat_key(self.value) is not None
+
+    def to_egglog(self, scope, compiler):
+        return [f'(= (splat {scope.var(self.c.name)}) "{splat_key(self.value)}")']
+
+    def hint(self, hints):
+        hints.setdefault(self.c.name, {})["value"] = self.value
 
 
 def _var(v) -> Var:
@@ -402,29 +451,29 @@ def _var(v) -> Var:
 
 
 def is_float(x: Var) -> Condition:
-    return Condition("dtype_in", (_var(x),), _FLOAT)
+    return DtypeIn(_var(x), FLOATS)
 
 
 def is_integer(x: Var) -> Condition:
-    return Condition("dtype_in", (_var(x),), _INT)
+    return DtypeIn(_var(x), INTS)
 
 
 def is_bool(x: Var) -> Condition:
-    return Condition("dtype_in", (_var(x),), (torch.bool,))
+    return DtypeIn(_var(x), (torch.bool,))
 
 
 def dtype_is(x: Var, *dtypes: torch.dtype) -> Condition:
     if not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
         raise RuleError(f"dtype_is({x!r}, ...) needs one or more torch.dtype values, got {dtypes!r}")
-    return Condition("dtype_in", (_var(x),), tuple(dtypes))
+    return DtypeIn(_var(x), tuple(dtypes))
 
 
 def same_dtype(x: Var, y: Var) -> Condition:
-    return Condition("same_dtype", (_var(x), _var(y)))
+    return SameDtype(_var(x), _var(y))
 
 
 def same_shape(x: Var, y: Var) -> Condition:
-    return Condition("same_shape", (_var(x), _var(y)))
+    return SameShape(_var(x), _var(y))
 
 
 def shape_is(x: Var, sizes) -> Condition:
@@ -433,54 +482,20 @@ def shape_is(x: Var, sizes) -> Condition:
         if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) for s in sizes):
             raise RuleError(f"shape_is({x!r}, sizes): sizes must be a Var or a list of ints, got {sizes!r}")
         sizes = Lit(list(sizes))
-    return Condition("shape_is", (_var(x), sizes))
+    return ShapeIs(_var(x), sizes)
 
 
 def rank_is(x: Var, n: int) -> Condition:
     if not isinstance(n, int) or n < 0:
         raise RuleError(f"rank_is({x!r}, n): n must be a non-negative int, got {n!r}")
-    return Condition("rank_is", (_var(x),), n)
+    return RankIs(_var(x), n)
 
 
 def value_is(c: Var, v) -> Condition:
     """``c`` is a compile-time constant (tensor or scalar) all of whose elements equal ``v``."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RuleError(f"value_is({c!r}, v): v must be an int or float, got {v!r}")
-    return Condition("value_is", (_var(c),), v)
-
-
-# Helpers shared with the e-graph: canonical keys, so the e-graph and Python agree exactly.
-
-def shape_key(shape) -> str:
-    """Canonical string of a shape (tuple of ints / sympy expressions)."""
-    import sympy
-
-    return "[" + ",".join(str(sympy.sympify(s)) for s in shape) + "]"
-
-
-def splat_key(value) -> str | None:
-    """Canonical string of 'every element equals this number', or None if not a splat."""
-    if isinstance(value, bool):
-        value = float(value)
-    if isinstance(value, (int, float)):
-        f = float(value)
-        if math.isnan(f):
-            return None
-        return repr(f) if f != 0 else ("-0.0" if math.copysign(1, f) < 0 else "0.0")
-    if isinstance(value, torch.Tensor) and value.device.type != "meta":
-        if value.numel() == 0 or value.is_complex():
-            return None
-        flat = value.reshape(-1)
-        first = flat[0]
-        # a few samples first: a weight matrix is rejected without a pass over all its elements
-        if flat.numel() > 64 and not bool((flat[:: flat.numel() // 16] == first).all()):
-            return None
-        if not bool((flat == first).all()):
-            return None
-        if value.dtype.is_floating_point and bool((torch.signbit(flat) != torch.signbit(first)).any()):
-            return None
-        return splat_key(first.item())
-    return None
+    return ValueIs(_var(c), v)
 
 
 def _bound(v, binding):
@@ -599,6 +614,18 @@ class Rule:
         if self.is_computed:
             return self.rhs(**binding)
         return evaluate(self.rhs, binding)
+
+    def to_egglog(self, compiler, ruleset: str) -> list[str]:
+        """The egglog rules of a pattern rule (see `rewrite.egraph.compile.RuleCompiler.rule`)."""
+        if self.is_computed:
+            raise RuleError(f"rule {self.name} has a computed replacement; it runs on the IR, not in egglog")
+        scope = compiler.scope()
+        lhs = self.lhs.to_egglog(scope)
+        variables = [scope.var(v) for v in self.variables]
+        conditions = [atom for c in self.when for atom in c.to_egglog(scope, compiler)]
+        rhs_is_var = isinstance(self.rhs, Var)
+        rhs = scope.var(self.rhs.name) if rhs_is_var else _egglog_term(self.rhs, scope, rhs=True)
+        return compiler.rule(ruleset, self.name, scope, lhs, variables, conditions, rhs, rhs_is_var)
 
     def __repr__(self):
         rhs = getattr(self.rhs, "__name__", "<computed>") if self.is_computed else _fmt(self.rhs)

@@ -36,7 +36,7 @@ def graph_to_pbtxt(g: Graph) -> str:
         lines.append(f'    type: "{n.op}"')
         for i in n.inputs:
             lines.append(f'    input: "{i.name}"')
-        for w in n.attrs.get("wait_for", ()):
+        for w in n.waits:
             lines.append(f'    input: "^{w.name}"  # control edge: waits for {w.name}')
         lines.append(f'    output_desc {{ meta: "{format_meta(n.meta)}" }}')
         if n.attrs.get("stream") is not None:

@@ -12,6 +12,9 @@ A `Graph` is a list of `Node`s in topological order. Each node has
 * ``meta``: what the node produces, symbolically. A `TensorMeta` (dtype, device, shape as a
   tuple of sympy expressions), a `SymMeta` (a Python int/float/bool whose value is a sympy
   expression over the graph's size symbols), a tuple of those for multi-output ops, or None;
+* ``waits``: control edges (``rewrite.scope.wait_tensor``): nodes that must have run before this
+  one, though it reads none of their values. Pruning, copying, topological order and the e-graph
+  honour them like data edges (`Node.deps` is both kinds);
 * ``attrs``: everything else a pass wants to keep with the node (its stream, its module path, its
   placeholder name, its constant value).
 
@@ -22,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import sympy
 import torch
+
+from .ops import target_name
 
 __all__ = [
     "TensorMeta",
@@ -38,6 +42,7 @@ __all__ = [
     "map_nodes",
     "iter_nodes",
     "iter_instances",
+    "iter_metas",
     "op_name",
     "target_name",
     "is_side_effect",
@@ -108,9 +113,9 @@ _ids = itertools.count()
 
 
 class Node:
-    __slots__ = ("kind", "target", "args", "kwargs", "meta", "attrs", "name", "graph", "id")
+    __slots__ = ("kind", "target", "args", "kwargs", "meta", "attrs", "waits", "name", "graph", "id")
 
-    def __init__(self, kind: str, target=None, args=(), kwargs=None, meta=None, attrs=None, name=None):
+    def __init__(self, kind: str, target=None, args=(), kwargs=None, meta=None, attrs=None, name=None, waits=()):
         assert kind in ("placeholder", "constant", "call", "output"), kind
         self.kind = kind
         self.target = target
@@ -118,6 +123,7 @@ class Node:
         self.kwargs = dict(kwargs or {})
         self.meta = meta
         self.attrs = dict(attrs or {})
+        self.waits: tuple[Node, ...] = tuple(waits)
         self.id = next(_ids)
         self.name = name or f"n{self.id}"
         self.graph: Graph | None = None
@@ -132,6 +138,15 @@ class Node:
                 seen.add(n.id)
                 out.append(n)
         return out
+
+    @property
+    def deps(self) -> list["Node"]:
+        """What must run before this node: its inputs, then the nodes it waits for."""
+        data = self.inputs
+        if not self.waits:
+            return data
+        seen = {n.id for n in data}
+        return data + [w for w in self.waits if w.id not in seen and not seen.add(w.id)]
 
     @property
     def value(self):
@@ -175,22 +190,18 @@ def map_nodes(obj, fn: Callable[[Node], Any]):
     return obj
 
 
+def iter_metas(meta) -> Iterator:
+    """The `TensorMeta`/`SymMeta` leaves of a node's meta (multi-output ops hold a tuple)."""
+    if isinstance(meta, (tuple, list)):
+        for m in meta:
+            yield from iter_metas(m)
+    elif meta is not None:
+        yield meta
+
+
 def op_name(node: Node) -> str:
     """A short stable name for what the node does: ``aten.mm.default``, ``getitem``, ``placeholder``."""
     return target_name(node.target) if node.kind == "call" else node.kind
-
-
-def target_name(t) -> str:
-    """Stable name of a call target: ``aten.mul.Tensor``, ``mul`` (operator), ``higher_order.cond``."""
-    if isinstance(t, torch._ops.OpOverload):
-        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
-    if isinstance(t, torch._ops.HigherOrderOperator):
-        return f"higher_order.{t.name()}"
-    mod = getattr(t, "__module__", "") or ""
-    name = getattr(t, "__name__", repr(t))
-    if mod in ("_operator", "operator"):
-        return name
-    return f"{mod}.{name}" if mod else name
 
 
 def is_side_effect(node: Node) -> bool:
@@ -236,8 +247,9 @@ class Graph:
             meta = meta_of_value(value)
         return self.add(Node("constant", meta=meta, attrs={"value": value}), before=before)
 
-    def call(self, target, args=(), kwargs=None, meta=None, attrs=None, before: Node | None = None) -> Node:
-        return self.add(Node("call", target, args, kwargs, meta, attrs), before=before)
+    def call(self, target, args=(), kwargs=None, meta=None, attrs=None, before: Node | None = None,
+             waits=()) -> Node:
+        return self.add(Node("call", target, args, kwargs, meta, attrs, waits=waits), before=before)
 
     def set_output(self, values) -> Node:
         for n in list(self.nodes):
@@ -283,7 +295,7 @@ class Graph:
     def free_symbols(self) -> set:
         syms = set()
         for n in self.nodes:
-            for m in _metas(n.meta):
+            for m in iter_metas(n.meta):
                 if isinstance(m, TensorMeta):
                     for s in m.shape or ():
                         syms |= sympy.sympify(s).free_symbols
@@ -296,13 +308,21 @@ class Graph:
 
     # -- editing -----------------------------------------------------------------------------
     def replace_all_uses(self, old: Node, new) -> None:
-        """Make every reader of ``old`` read ``new`` (a Node or a Python value) instead."""
+        """Make every reader of ``old`` read ``new`` (a Node or a Python value) instead.
+
+        A node that waited for ``old`` waits for ``new`` when it is a node (a value has no time)."""
         swap = lambda n: new if n is old else n  # noqa: E731
         for n in self.nodes:
             if n is old:
                 continue
             n.args = map_nodes(n.args, swap)
             n.kwargs = map_nodes(n.kwargs, swap)
+            if n.waits and old in n.waits:
+                n.waits = tuple(w for w in n.waits if w is not old) + ((new,) if isinstance(new, Node) else ())
+
+    def waited_on(self) -> set[int]:
+        """Ids of the nodes some node waits for (their timing is observable: keep them as they are)."""
+        return {w.id for n in self.nodes for w in n.waits}
 
     def remove(self, node: Node) -> None:
         self.nodes.remove(node)
@@ -316,8 +336,7 @@ class Graph:
             if n.id in live:
                 continue
             live.add(n.id)
-            stack.extend(n.inputs)
-            stack.extend(n.attrs.get("wait_for", ()))  # a waited-for node stays: the wait is an edge
+            stack.extend(n.deps)  # a waited-for node stays: the wait is an edge
         before = len(self.nodes)
         # Placeholders always stay: the calling convention depends on them.
         self.nodes = [n for n in self.nodes if n.id in live or n.kind == "placeholder"]
@@ -342,7 +361,7 @@ class Graph:
                     order.append(n)
                     continue
                 stack.append((n, True))
-                for i in sorted(n.inputs, key=lambda x: -index.get(x.id, -1)):
+                for i in sorted(n.deps, key=lambda x: -index.get(x.id, -1)):
                     if i.id not in done:
                         if i.id not in index:
                             raise ValueError(f"{n} reads {i}, which is not in graph {self.name}")
@@ -364,12 +383,10 @@ class Graph:
         remap = lambda n: mapping[n.id]  # noqa: E731
         for n in self.nodes:
             args = _copy_subgraphs(map_nodes(n.args, remap))
-            m = Node(n.kind, n.target, args, map_nodes(n.kwargs, remap), n.meta, dict(n.attrs), name=n.name)
+            m = Node(n.kind, n.target, args, map_nodes(n.kwargs, remap), n.meta, dict(n.attrs), name=n.name,
+                     waits=[mapping[w.id] for w in n.waits])
             mapping[n.id] = m
             g.add(m)
-        for m in g.nodes:  # stream waits (rewrite.scope) point at nodes of the copy
-            if m.attrs.get("wait_for"):
-                m.attrs["wait_for"] = [mapping.get(w.id, w) for w in m.attrs["wait_for"]]
         return g, mapping
 
     def validate(self) -> None:
@@ -377,9 +394,10 @@ class Graph:
         seen: set[int] = set()
         outputs = 0
         for n in self.nodes:
-            for i in n.inputs:
+            for i in n.deps:
                 if i.id not in seen:
-                    raise ValueError(f"node {n} ({n.op}) reads {i} before it is defined in graph {self.name}")
+                    what = "reads" if i in n.inputs else "waits for"
+                    raise ValueError(f"node {n} ({n.op}) {what} {i} before it is defined in graph {self.name}")
             if n.kind == "output":
                 outputs += 1
             seen.add(n.id)
@@ -399,14 +417,6 @@ def _copy_subgraphs(obj):
     if isinstance(obj, list):
         return [_copy_subgraphs(x) for x in obj]
     return obj
-
-
-def _metas(meta) -> Iterable:
-    if isinstance(meta, (tuple, list)):
-        for m in meta:
-            yield from _metas(m)
-    elif meta is not None:
-        yield meta
 
 
 def meta_of_value(value):
@@ -473,8 +483,8 @@ def format_graph(g: Graph, indent: str = "") -> str:
         extra = ""
         if n.attrs.get("stream") not in (None, "0", 0):
             extra += f"  # stream={n.attrs['stream']}"
-        if n.attrs.get("wait_for"):
-            extra += f"  # waits for {', '.join('%' + w.name for w in n.attrs['wait_for'])}"
+        if n.waits:
+            extra += f"  # waits for {', '.join('%' + w.name for w in n.waits)}"
         if n.kind == "placeholder":
             continue
         if n.kind == "output":
@@ -491,7 +501,3 @@ def format_graph(g: Graph, indent: str = "") -> str:
                     lines.append(format_graph(sub, indent + "    "))
     return "\n".join(lines)
 
-
-SIZE_OPS = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod,
-            operator.neg, operator.pow, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
-            operator.ge}

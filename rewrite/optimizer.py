@@ -1,59 +1,112 @@
-"""`optimize(graph, config, report)`: the graph-level optimization pipeline.
+"""`optimize(graph, config, report)`: the graph-level optimization pipeline, run by one schedule.
 
-Rounds of (Python passes on the IR to a fixpoint) then (one e-graph run: CSE + the DSL rulesets +
-DAG-aware extraction), until a round changes nothing. The Python passes are those that need
-torch or the IR's structure: dead-edge elimination, constant and size folding, computed DSL
-rules, constant de-duplication, pruning. They alternate with the e-graph because each feeds the
-other: a rule exposes a foldable op, a fold exposes a rule (GE's "constant folding and InferShape
-alternate until nothing folds").
+`SCHEDULE` is the one declarative value that says what runs, in which order, how often and under
+which limits; `python -m rewrite rules` prints it. A round is two steps, each run to its own
+fixpoint: the hand-written passes of `rewrite.passes` (they need torch or the IR's structure:
+dead-edge elimination, size and constant folding, computed DSL rules, constant de-duplication,
+pruning) swept until a sweep changes nothing, then one e-graph run (CSE + the DSL rulesets of
+`rewrite.rules` + DAG-aware extraction) under the ``config.rules`` limits. The steps alternate
+because each feeds the other: a rule exposes a foldable op, a fold exposes a rule (GE's
+"constant folding and InferShape alternate until nothing folds"). Once both have run, a step that
+changes nothing ends the schedule: the graph is then a fixpoint of both.
 
 Called for every graph by the backend and again per gear, so an already-optimized graph must be
 cheap: one fixpoint check of the passes and one e-graph run that fires nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-
-import torch
+from typing import Callable
 
 from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
 from .egraph import Limits, run_egraph
-from .egraph.pyrules import apply_computed_rules
 from .ir import Graph
+from .ops import STRIDE_READERS, is_mutable
+from .passes import apply_computed_rules, dedup_constants, eliminate_dead_edges, fold_constants, fold_sizes
 from .report import GraphReport
-from .rules import check_user_rulesets, default_rulesets
-from .rules.cse import dedup_constants
-from .rules.dead_edge import eliminate_dead_edges
-from .rules.folding import fold_constants, fold_sizes
+from .rules import check_user_rulesets, rulesets_of
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["optimize", "run_passes", "MAX_ROUNDS"]
+__all__ = ["optimize", "run_passes", "SCHEDULE", "Schedule", "Pass", "Sweep", "Saturation", "describe_schedule",
+           "egraph_unsupported"]
 
-MAX_ROUNDS = 4          # e-graph rounds per graph
-MAX_PASS_SWEEPS = 16    # sweeps of the Python passes per round (each sweep that changes nothing ends it)
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """A hand-written pass: ``run(graph, config, rulesets) -> {what: how many changes}``."""
+
+    name: str
+    stage: str  # the report's timing bucket
+    run: Callable
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """Passes in order, swept until a sweep changes nothing (at most ``max_sweeps`` times)."""
+
+    passes: tuple
+    max_sweeps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Saturation:
+    """One e-graph run over the rulesets of ``rule_modules`` (then ``config.rules.extra``), each up
+    to its ``iterations`` per saturation round, under ``config.rules``' node, time and iteration
+    limits; extraction keeps the result only when it is no costlier."""
+
+    rule_modules: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Rounds of (sweep, saturation) until a step changes nothing, at most ``rounds`` rounds."""
+
+    sweep: Sweep
+    saturation: Saturation
+    rounds: int
+
+
+def _counted(name: str, fn) -> Callable:
+    return lambda graph, config, rulesets: {name: fn(graph)}
+
+
+SCHEDULE = Schedule(
+    sweep=Sweep(passes=(
+        Pass("dead_edge", "dead_edge", _counted("dead_edge", eliminate_dead_edges),
+             "torch.cond with a compile-time predicate -> the selected branch inlined"),
+        Pass("fold_sizes", "fold", _counted("fold_sizes", fold_sizes),
+             "size computations whose value is a constant expression become constants"),
+        Pass("fold", "fold", lambda graph, config, rulesets: {"fold": fold_constants(graph, config.rules.fold_size_limit)},
+             "ops whose inputs are all constants are evaluated with torch (size cap: rules.fold_size_limit)"),
+        Pass("computed_rules", "computed_rules", lambda graph, config, rulesets: apply_computed_rules(graph, rulesets),
+             "DSL rules with computed (Python) replacements, matched on the IR"),
+        Pass("dedup", "dedup", _counted("dedup", dedup_constants),
+             "constants with identical contents become one constant"),
+        Pass("prune", "prune", _counted("prune", Graph.prune),
+             "only what reaches an output or has a side effect survives"),
+    ), max_sweeps=16),
+    saturation=Saturation(rule_modules=("shape_ops", "algebra")),  # shape ops first: they expose algebra matches
+    rounds=4,
+)
 
 
 def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph:
     if not config.rules.enabled:
         return graph
-    rulesets = default_rulesets() + check_user_rulesets(config.rules.extra)
-    limits = Limits(config.rules.node_limit, float(config.rules.time_limit_s), config.rules.iteration_limit)
+    rulesets = rulesets_of(SCHEDULE.saturation.rule_modules) + check_user_rulesets(config.rules.extra)
     original, graph = graph, graph.copy()
     _optimize_subgraphs(graph, config, report)
     rewritten = False
-    for round_no in range(MAX_ROUNDS):
+    for round_no in range(SCHEDULE.rounds):
         changed = run_passes(graph, config, report, rulesets)
-        if round_no > 0 and not changed:
+        if round_no > 0 and not changed:  # the e-graph's output is a fixpoint of the sweep too
             break
-        reason = egraph_unsupported(graph)
-        if reason:
-            log.info("graph %s: e-graph skipped: %s", graph.name, reason)
-            report.notes.append(f"e-graph skipped: {reason}")
-            break
-        graph, fired = run_egraph(graph, rulesets, limits, report)
-        rewritten = rewritten or bool(fired)
+        graph, fired = _saturate(graph, config, report, rulesets)
+        rewritten = rewritten or fired
         if not fired:
             break
     if rewritten:
@@ -65,22 +118,13 @@ def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph
 
 
 def run_passes(graph: Graph, config: CompilerConfig, report: GraphReport, rulesets=()) -> bool:
-    """The Python passes to a fixpoint (in place); returns whether anything changed."""
+    """The schedule's sweep to a fixpoint (in place); returns whether anything changed."""
     changed = False
-    for _ in range(MAX_PASS_SWEEPS):
+    for _ in range(SCHEDULE.sweep.max_sweeps):
         counts = {}
-        with report.stage("dead_edge"):
-            counts["dead_edge"] = eliminate_dead_edges(graph)
-        with report.stage("fold"):
-            counts["fold_sizes"] = fold_sizes(graph)
-            counts["fold"] = fold_constants(graph, config.rules.fold_size_limit)
-        with report.stage("computed_rules"):
-            for name, n in apply_computed_rules(graph, rulesets).items():
-                counts[name] = n
-        with report.stage("dedup"):
-            counts["dedup"] = dedup_constants(graph)
-        with report.stage("prune"):
-            counts["prune"] = graph.prune()
+        for p in SCHEDULE.sweep.passes:
+            with report.stage(p.stage):
+                counts.update(p.run(graph, config, rulesets))
         for what, n in counts.items():
             report.count(what, n)
         if not any(counts.values()):
@@ -89,9 +133,15 @@ def run_passes(graph: Graph, config: CompilerConfig, report: GraphReport, rulese
     return changed
 
 
-_STRIDE_READERS = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default,
-                             torch.ops.aten.as_strided_scatter.default, torch.ops.aten.sym_stride.int,
-                             torch.ops.aten.sym_stride.default, torch.ops.aten.stride.int})
+def _saturate(graph: Graph, config: CompilerConfig, report: GraphReport, rulesets) -> tuple[Graph, bool]:
+    reason = egraph_unsupported(graph)
+    if reason:
+        log.info("graph %s: e-graph skipped: %s", graph.name, reason)
+        report.notes.append(f"e-graph skipped: {reason}")
+        return graph, False
+    limits = Limits(config.rules.node_limit, float(config.rules.time_limit_s), config.rules.iteration_limit)
+    graph, fired = run_egraph(graph, rulesets, limits, report)
+    return graph, bool(fired)
 
 
 def egraph_unsupported(graph: Graph) -> str | None:
@@ -100,17 +150,14 @@ def egraph_unsupported(graph: Graph) -> str | None:
     Mutations are supported only at the tail (AOTAutograd's functional form: inputs are updated by
     ``copy_`` after every read). Elsewhere, reordering around a mutation could change results.
     """
-
     seen_mutation = None
     for n in graph.nodes:
         if n.kind != "call":
             continue
-        t = n.target
-        if t in _STRIDE_READERS:
+        if n.target in STRIDE_READERS:
             # The e-graph equates equal values of different layouts; these ops read the layout.
             return f"node {n.name} ({n.op}) reads strides"
-        mutable = isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable
-        if mutable:
+        if is_mutable(n.target):
             seen_mutation = n
         elif seen_mutation is not None:
             return f"node {n.name} ({n.op}) runs after the mutation {seen_mutation.name} ({seen_mutation.op})"
@@ -122,3 +169,25 @@ def _optimize_subgraphs(graph: Graph, config: CompilerConfig, report: GraphRepor
     for n in graph.nodes:
         if n.kind == "call" and any(isinstance(a, Graph) for a in n.args):
             n.args = tuple(optimize(a, config, report) if isinstance(a, Graph) else a for a in n.args)
+
+
+def describe_schedule(extra=()) -> str:
+    """A readable listing of the schedule, its passes, rulesets and rules (``python -m rewrite rules``)."""
+    sweep, sat = SCHEDULE.sweep, SCHEDULE.saturation
+    lines = [f"Schedule: up to {SCHEDULE.rounds} rounds of (sweep, saturation); once both have run, a step "
+             "that changes nothing ends it.", "",
+             f"1. Sweep: these passes in order, repeated until a sweep changes nothing (at most {sweep.max_sweeps}):"]
+    width = max(len(p.name) for p in sweep.passes)
+    lines += [f"     {p.name:<{width}}  {p.doc}" for p in sweep.passes]
+    sets = rulesets_of(sat.rule_modules) + list(extra)
+    total = sum(len(rs) for rs in sets)
+    lines += ["", f"2. Saturation: one e-graph run under config.rules limits (node_limit, time_limit_s, "
+              "iteration_limit); CSE is no pass: equal computations are one e-class (reports count it as cse).",
+              f"   Rulesets ({len(sets)} sets, {total} rules; run in this order, each up to its iterations per round):"]
+    for rs in sets:
+        head = f"     {rs.name}  ({len(rs)} rules, {rs.iterations} iterations)"
+        if rs.description:
+            head += f"  - {rs.description}"
+        lines.append(head)
+        lines += [f"       {r!r}" for r in rs.rules]
+    return "\n".join(lines)

@@ -13,10 +13,10 @@ Right after IR import, `annotate_streams` turns the markers into node attributes
 
 * ``attrs["stream"]`` (the tag) and ``attrs["stream_priority"]`` on every node issued inside a scope;
   nodes outside any scope carry no tag and run on the default stream;
-* ``attrs["wait_for"] = [Node, ...]`` on each node that reads ``self`` after the ``wait_tensor`` call
+* ``node.waits`` (control edges) on each node that reads ``self`` after the ``wait_tensor`` call
   in the same scope: it starts only after every listed node is computed.
 
-Later passes treat the stream tag as part of a node's identity and keep ``wait_for`` edges.
+Later passes treat the stream tag as part of a node's identity and keep wait edges.
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ class _PendingWait:
 
 
 def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
-    """Turn ``rewrite_stream`` markers into ``stream``/``wait_for`` attributes and drop the markers.
+    """Turn ``rewrite_stream`` markers into ``stream`` attributes and wait edges; drop the markers.
 
     Raises `StreamScopeError` when the markers are unbalanced, when one tag is given two different
     priorities, or when ``config.ge_config.enable_single_stream`` is set (the two conflict).
@@ -178,9 +178,8 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
             inputs = node.inputs
             for w in waits:
                 if any(i is w.reads for i in inputs) and w.dependency is not node:
-                    deps = node.attrs.setdefault("wait_for", [])
-                    if not any(d is w.dependency for d in deps):
-                        deps.append(w.dependency)
+                    if not any(d is w.dependency for d in node.waits):
+                        node.waits += (w.dependency,)
                     w.matched = True
     if scopes:
         raise StreamScopeError(f"graph {graph.name}: stream scope {scopes[-1][0]!r} is opened but never closed")
@@ -188,7 +187,7 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
     drop = {m.id for m in markers}
     graph.nodes = [n for n in graph.nodes if n.id not in drop]
     tagged = sum(1 for n in graph.nodes if n.attrs.get("stream") is not None)
-    waits = sum(len(n.attrs.get("wait_for", ())) for n in graph.nodes)
+    waits = sum(len(n.waits) for n in graph.nodes)
     if report is not None:
         report.count("stream_scope_nodes", tagged)
         report.count("stream_waits", waits)

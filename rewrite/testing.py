@@ -705,24 +705,7 @@ def _condition_hints(rule) -> dict[str, dict]:
     """What the rule's own conditions say about each variable, to draw instances that satisfy them."""
     hints: dict[str, dict] = {}
     for c in rule.when:
-        names = [v.name for v in c.vars if hasattr(v, "name")]
-        if not names:
-            continue
-        h = hints.setdefault(names[0], {})
-        if c.kind == "dtype_in":
-            h["dtypes"] = tuple(d for d in c.arg if d in h.get("dtypes", c.arg))
-        elif c.kind == "value_is":
-            h["value"] = c.arg
-        elif c.kind == "rank_is":
-            h["rank"] = c.arg
-        elif c.kind == "same_dtype" and len(names) == 2:
-            hints.setdefault(names[1], {})["dtype_like"] = names[0]
-            h["dtype_like"] = names[1]
-        elif c.kind == "same_shape" and len(names) == 2:
-            hints.setdefault(names[1], {})["shape_like"] = names[0]
-            h["shape_like"] = names[1]
-        elif c.kind == "shape_is" and len(names) == 2:
-            hints.setdefault(names[1], {})["sizes_of"] = names[0]
+        c.hint(hints)
     return hints
 
 
@@ -871,7 +854,8 @@ class _Instantiator:
 
     # -- walking the pattern ---------------------------------------------------------------------
     def build(self, pattern):
-        from .dsl import OpPattern, Var, schema_types
+        from .dsl import OpPattern, Var
+        from .ops import schema_types
 
         if not isinstance(pattern, OpPattern):
             raise TypeError(f"check_rule: left side must be an op pattern, got {pattern!r}")

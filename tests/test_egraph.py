@@ -169,14 +169,14 @@ def test_wait_for_nodes_are_kept_opaque_with_their_targets():
     x = g.placeholder("x", F32)
     a = g.call(aten.relu.default, (x,), meta=F32)
     dup = g.call(aten.relu.default, (x,), meta=F32)
-    w = g.call(aten.neg.default, (x,), meta=F32, attrs={"stream": "1", "wait_for": [dup]})
+    w = g.call(aten.neg.default, (x,), meta=F32, attrs={"stream": "1"}, waits=[dup])
     w2 = g.call(aten.neg.default, (w,), meta=F32, attrs={"stream": "1"})
     g.set_output((a, w2))
     neg = RuleSet("test.negneg", [rule(A.neg.default(A.neg.default(x_)), x_, name="neg_neg")])
     out, _ = egraph(g, rulesets=[neg])
-    waiting = [n for n in out.nodes if n.attrs.get("wait_for")]
+    waiting = [n for n in out.nodes if n.waits]
     assert len(waiting) == 1
-    target = waiting[0].attrs["wait_for"][0]
+    target = waiting[0].waits[0]
     assert target in out.nodes and target.op == "aten.relu.default"
     assert out.op_counts()["aten.neg.default"] == 2   # the waiting node is not rewritten away
 
@@ -299,7 +299,7 @@ def test_compiled_function_mutating_two_inputs_matches_eager():
 
 def test_python_matcher_keeps_signed_zeros_and_types_apart():
     from rewrite.dsl import Lit
-    from rewrite.egraph.pyrules import match_node
+    from rewrite.passes.computed_rules import match_node
 
     assert not match_node(Lit(0.0), -0.0, {}, None)
     assert not match_node(Lit(1), 1.0, {}, None)

@@ -11,9 +11,9 @@ from rewrite.exec.codegen import compile_graph_to_python
 from rewrite.ir import Graph, TensorMeta
 from rewrite.optimizer import optimize
 from rewrite.report import GraphReport
-from rewrite.rules import default_rulesets, describe_rulesets
-from rewrite.rules.cse import dedup_constants
-from rewrite.rules.dead_edge import eliminate_dead_edges
+from rewrite.optimizer import describe_schedule as describe_rulesets
+from rewrite.passes import dedup_constants, eliminate_dead_edges
+from rewrite.rules import default_rulesets
 
 aten = torch.ops.aten
 S = sympy.Integer

@@ -78,9 +78,9 @@ def test_scopes_and_waits_become_node_attributes():
     mm, mm1 = by_op["aten.mm.default"]
     assert add.attrs.get("stream") is None and mm1.attrs.get("stream") is None
     assert mm.attrs["stream"] == "1" and add2.attrs["stream"] == "2"
-    assert mm.attrs["wait_for"] == [add]
-    assert add2.attrs["wait_for"] == [mm]
-    assert "wait_for" not in mm1.attrs  # outside the scope: the wait does not apply
+    assert list(mm.waits) == [add]
+    assert list(add2.waits) == [mm]
+    assert not mm1.waits  # outside the scope: the wait does not apply
 
 
 def test_annotated_model_runs_unchanged_in_eager():
@@ -104,8 +104,8 @@ def test_wait_applies_only_to_readers_issued_after_it_in_the_scope():
     for a, b in zip(compiled(x, y), f(x, y)):
         torch.testing.assert_close(a, b)
     muls = [n for n in backend.graphs[0].nodes if n.op == "aten.mul.Tensor"]
-    assert "wait_for" not in muls[0].attrs
-    assert [w.op for w in muls[1].attrs["wait_for"]] == ["aten.add.Tensor"]
+    assert not muls[0].waits
+    assert [w.op for w in muls[1].waits] == ["aten.add.Tensor"]
 
 
 def test_nested_scopes_use_the_innermost_tag():
@@ -383,7 +383,7 @@ def test_single_stream_config_conflicts_with_auto_streams():
 
 def test_wait_that_creates_a_cycle_is_a_compile_error_naming_the_nodes():
     g, (a, b, c, d) = _two_stream_graph()
-    b.attrs["wait_for"] = [d]  # d reads c, which reads b: b cannot wait for d
+    b.waits = (d,)  # d reads c, which reads b: b cannot wait for d
     with pytest.raises(StreamCycleError, match=r"cycle: %\w+ -> .*%\w+") as info:
         build_executable(g, rewrite.CompilerConfig())
     for node in (b, c, d):

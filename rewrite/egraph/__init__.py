@@ -14,10 +14,9 @@ import threading
 
 import egglog.bindings as eb
 
-from ..dsl import RuleSet
+from ..cost import graph_cost
 from ..ir import Graph, is_side_effect, map_nodes
 from .compile import RuleCompiler
-from .cost import graph_cost
 from .extract import extract
 from .load import LOAD_PRELUDE, load_graph
 from .rebuild import rebuild
@@ -34,7 +33,7 @@ class Engine:
     """An egglog EGraph with the prelude and the rulesets declared (declaring ~100 rules costs
     ~0.5 s, so engines are cached per ruleset list and each graph runs between push and pop)."""
 
-    def __init__(self, rulesets: list[RuleSet]):
+    def __init__(self, rulesets: list):
         self.egraph = eb.EGraph()
         self.tables = Tables()
         self.egraph.run_program(*self.egraph.parse_program(PRELUDE))
@@ -58,11 +57,11 @@ _engines: dict[tuple, tuple[list, Engine]] = {}
 _engines_lock = threading.Lock()
 
 
-def _engine_key(rulesets: list[RuleSet]) -> tuple:
+def _engine_key(rulesets: list) -> tuple:
     return tuple((id(rs), rs.name, rs.iterations, tuple(id(r) for r in rs.rules)) for rs in rulesets)
 
 
-def engine_for(rulesets: list[RuleSet]) -> Engine:
+def engine_for(rulesets: list) -> Engine:
     """The cached engine for exactly these ruleset objects holding exactly these rule objects."""
     key = _engine_key(rulesets)
     with _engines_lock:
@@ -110,7 +109,7 @@ class EGraphRun:
         return rebuild(snap, self.tables, choice, loaded, self.graph)
 
 
-def compile_rulesets(rulesets: list[RuleSet]) -> list[str]:
+def compile_rulesets(rulesets: list) -> list[str]:
     """The egglog text of the rulesets (for tests and ``python -m rewrite rules --egglog``)."""
     compiler = RuleCompiler(Tables())
     out = []
@@ -120,7 +119,7 @@ def compile_rulesets(rulesets: list[RuleSet]) -> list[str]:
     return compiler.declarations + out
 
 
-def run_egraph(graph: Graph, rulesets: list[RuleSet], limits: Limits, report) -> tuple[Graph, bool]:
+def run_egraph(graph: Graph, rulesets: list, limits: Limits, report) -> tuple[Graph, bool]:
     """Optimize ``graph`` with ``rulesets`` in an e-graph.
 
     Returns (graph, changed): the input graph itself on any failure or when the result is not

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sympy
 
-from ..dsl import target_from_name
 from ..ir import SymMeta
 from .snapshot import ENode, Snapshot
 from .terms import Tables
@@ -85,60 +84,3 @@ def literal_meta(node: ENode, snap: Snapshot):
     if node.op == "Flt":
         return SymMeta(sympy.Float(float(snap.string(node.children[0]))), float)
     return None
-
-
-def split_args(target, values: list) -> tuple[list, dict]:
-    """Canonical flat argument list -> (args, kwargs) by the target's schema."""
-    import torch
-
-    if not isinstance(target, torch._ops.OpOverload):
-        return list(values), {}
-    args, kwargs = [], {}
-    i = 0
-    for a in target._schema.arguments:
-        if i >= len(values):
-            break
-        if a.kwarg_only:
-            kwargs[a.name] = values[i]
-        else:
-            args.append(values[i])
-        i += 1
-    return args, kwargs
-
-
-def strip_defaults(target, args: list, kwargs: dict) -> tuple[tuple, dict]:
-    """Drop trailing arguments equal to their schema default, so rebuilt calls read like eager ones."""
-    import torch
-
-    if not isinstance(target, torch._ops.OpOverload):
-        return tuple(args), kwargs
-    schema_args = target._schema.arguments
-    positional = [a for a in schema_args if not a.kwarg_only]
-    args = list(args)
-    while args and len(args) <= len(positional):
-        a = positional[len(args) - 1]
-        if a.has_default_value() and _is_default(args[-1], a.default_value):
-            args.pop()
-        else:
-            break
-    out_kwargs = {}
-    for a in schema_args:
-        if a.kwarg_only and a.name in kwargs:
-            v = kwargs[a.name]
-            if not (a.has_default_value() and _is_default(v, a.default_value)):
-                out_kwargs[a.name] = v
-    return tuple(args), out_kwargs
-
-
-def _is_default(value, default) -> bool:
-    from ..ir import Node
-
-    if isinstance(value, Node) or isinstance(default, Node):
-        return False
-    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
-        return list(value) == list(default) and all(type(x) is type(y) for x, y in zip(value, default))
-    return type(value) is type(default) and value == default
-
-
-def target_of(op_name: str):
-    return target_from_name(op_name)

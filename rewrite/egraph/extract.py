@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import heapq
 
-from .cost import DISPATCH, op_cost
+from ..cost import OP_OVERHEAD_S, op_cost
+from ..ops import target_from_name
 from .decode import Decoder
 from .snapshot import Snapshot
 from .terms import Tables, is_call
@@ -55,10 +56,11 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
             key = (op_name, out_key, in_keys)
             if key not in own_cache:
                 metas = tables.metas
-                own_cache[key] = op_cost(op_name, metas.get(out_key), [metas.get(k) for k in in_keys if k is not None])
+                own_cache[key] = op_cost(target_from_name(op_name), metas.get(out_key),
+                                         [metas.get(k) for k in in_keys if k is not None])
             return own_cache[key]
         if node.op == "Pinned":
-            return DISPATCH  # always kept: its cost is the same in every choice
+            return OP_OVERHEAD_S  # always kept: its cost is the same in every choice
         return 0.0
 
     def push(cls: str, i: int) -> None:

@@ -22,9 +22,9 @@ import tempfile
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..dsl import canonical_call, dtype_str, register_target, shape_key, splat_key, target_name
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect
-from ..rules.cse import constant_key
+from ..ops import (OpError, canonical_call, constant_key, dtype_str, is_mutable, is_nondeterministic,
+                   register_target, shape_key, splat_key)
 from .terms import MAX_CALL_ARITY, Tables, Unencodable, float_key
 
 log = logging.getLogger("rewrite")
@@ -75,18 +75,12 @@ class Loaded:
     rows: int = 0
 
 
-def is_nondeterministic(node: Node) -> bool:
-    t = node.target
-    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
-
-
 def must_pin(node: Node) -> bool:
     """Nodes rules must not touch or merge: side effects, randomness, explicit waits, mutation."""
     if node.kind != "call":
         return False
     t = node.target
-    return (is_side_effect(node) or is_nondeterministic(node) or bool(node.attrs.get("wait_for"))
-            or (isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable)
+    return (is_side_effect(node) or is_nondeterministic(t) or bool(node.waits) or is_mutable(t)
             or (not isinstance(t, torch._ops.OpOverload) and bool(node.kwargs)))
 
 
@@ -202,11 +196,10 @@ class Loader:
         try:
             args, kwargs = canonical_call(node.target, node.args, node.kwargs)
             refs = [self.ref(v) for v in list(args) + list(kwargs.values())]
-        except (Unencodable, ValueError) as e:
+        except (Unencodable, OpError) as e:
             log.debug("e-graph: node %s (%s) kept opaque: %s", node.name, node.op, e)
             return False
-        register_target(node.target)
-        op = target_name(node.target)
+        op = register_target(node.target)
         stream = self.tables.stream(node.attrs.get("stream"))
         key = (op, tuple(refs), stream)
         first = self._seen.setdefault(key, k)
@@ -220,8 +213,7 @@ class Loader:
         return True
 
     def pinned_rows(self, k: int, node: Node) -> None:
-        deps = list(node.inputs) + [w for w in node.attrs.get("wait_for", ()) if isinstance(w, Node)]
-        self.row("RowPinned", k, k, self.list_ref([self.ref(d) for d in deps]))
+        self.row("RowPinned", k, k, self.list_ref([self.ref(d) for d in node.deps]))
         self.loaded.pinned.append(k)
         if is_side_effect(node):
             self.loaded.side_effects.append(k)
@@ -330,4 +322,4 @@ def meta_commands(tables: Tables, handle: str, meta) -> list[str]:
     return cmds
 
 
-__all__ = ["Loaded", "load_graph", "must_pin", "meta_commands", "is_nondeterministic", "LOAD_PRELUDE"]
+__all__ = ["Loaded", "load_graph", "must_pin", "meta_commands", "LOAD_PRELUDE"]

@@ -11,10 +11,10 @@ inputs only at their tail, after every read, so no value may be computed between
 """
 from __future__ import annotations
 
-from ..dsl import target_name
 from ..ir import Graph, Node, map_nodes, meta_of_value
-from .decode import VALUE_OPS, Decoder, split_args, strip_defaults, target_of
-from .load import Loaded, is_nondeterministic
+from ..ops import is_nondeterministic, split_args, strip_defaults, target_from_name, target_name
+from .decode import VALUE_OPS, Decoder
+from .load import Loaded
 from .snapshot import ENode, Snapshot
 from .terms import Tables, is_call
 
@@ -95,7 +95,7 @@ class Rebuilder:
 
     def make_call(self, cls: str, node: ENode) -> Node:
         op_name, arg_classes, stream = self.dec.call_parts(node)
-        target = target_of(op_name)
+        target = target_from_name(op_name)
         args, kwargs = split_args(target, [self.values[c] for c in arg_classes])
         args, kwargs = strip_defaults(target, args, kwargs)
         tag = self.tables.streams.get(stream) if stream else None
@@ -103,7 +103,6 @@ class Rebuilder:
                      if o.kind == "call" and target_name(o.target) == op_name
                      and o.attrs.get("stream") == tag), None)
         attrs = dict(orig.attrs) if orig is not None else ({} if tag is None else {"stream": tag})
-        attrs.pop("wait_for", None)
         new = Node("call", target, args, kwargs, self.meta(cls, orig), attrs,
                    name=orig.name if orig is not None else None)
         return self.emit(new)
@@ -111,15 +110,11 @@ class Rebuilder:
     def make_pinned(self, cls: str, node: ENode) -> Node:
         k = int(self.snap.string(node.children[0]))
         orig = self.loaded.nodes[k]
-        deps = list(orig.inputs) + [w for w in orig.attrs.get("wait_for", ()) if isinstance(w, Node)]
-        built = {d.id: self.values[c] for d, c in zip(deps, self.deps(cls))}
+        built = {d.id: self.values[c] for d, c in zip(orig.deps, self.deps(cls))}
         remap = lambda n: built[n.id]  # noqa: E731
-        attrs = dict(orig.attrs)
-        if "wait_for" in attrs:
-            attrs["wait_for"] = [built[w.id] for w in attrs["wait_for"]
-                                 if isinstance(w, Node) and isinstance(built.get(w.id), Node)]
+        waits = [built[w.id] for w in orig.waits if isinstance(built.get(w.id), Node)]
         new = Node("call", orig.target, map_nodes(orig.args, remap), map_nodes(orig.kwargs, remap),
-                   orig.meta, attrs, name=orig.name)
+                   orig.meta, dict(orig.attrs), name=orig.name, waits=waits)
         return self.emit(new)
 
     def emit(self, node: Node) -> Node:
@@ -133,7 +128,7 @@ class Rebuilder:
     def run(self) -> Graph:
         pinned = [self.loaded.nodes[k] for k in self.loaded.pinned]
         side = {self.loaded.nodes[k].id for k in self.loaded.side_effects}
-        random = [n for n in pinned if is_nondeterministic(n) and n.id not in side]
+        random = [n for n in pinned if is_nondeterministic(n.target) and n.id not in side]
         live = self.live_classes([self.class_of(n) for n in self.output_nodes()]
                                  + [self.class_of(n) for n in pinned if n.id in side])
         for n in random:

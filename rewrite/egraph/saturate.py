@@ -14,7 +14,8 @@ import logging
 import time
 
 from .compile import MATCH_SUFFIX, PENDING_SUFFIX
-from .decode import VALUE_OPS, Decoder, literal_meta, split_args, target_of
+from ..ops import OpError, split_args, target_from_name
+from .decode import VALUE_OPS, Decoder, literal_meta
 from .load import meta_commands
 from .snapshot import Snapshot
 from .terms import TERM_CONSTRUCTORS, Tables, is_call
@@ -171,8 +172,8 @@ class Saturator:
     def _infer_call(self, node, snap, dec: Decoder, memo, cmds, depth):
         op_name, arg_classes, _stream = dec.call_parts(node)
         try:
-            target = target_of(op_name)
-        except ValueError:
+            target = target_from_name(op_name)
+        except OpError:
             return None
 
         def value_of(c):

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..dsl import dtype_str, shape_key
+from ..ops import dtype_str, shape_key
 from ..ir import Graph, SymMeta, TensorMeta
 
 PRELUDE = """

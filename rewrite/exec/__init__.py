@@ -21,7 +21,7 @@ import re
 import torch
 
 from ..config import ConfigError
-from ..ir import Graph, TensorMeta, _metas
+from ..ir import Graph, TensorMeta, iter_metas
 from .codegen import compile_graph_to_python
 from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
 
@@ -80,7 +80,7 @@ def stream_plan_for(graph: Graph, config, report=None) -> StreamPlan | None:
 
 def _device_of(graph: Graph) -> torch.device:
     for n in graph.nodes:
-        for m in _metas(n.meta):
+        for m in iter_metas(n.meta):
             if isinstance(m, TensorMeta) and m.device.type == "cuda":
                 return m.device
     return torch.device("cpu")

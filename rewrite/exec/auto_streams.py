@@ -1,8 +1,8 @@
 """``config.exec.auto_streams``: put independent branches of an unannotated graph on streams.
 
-A cost model estimates each op's time from its `TensorMeta` shapes (flops for matmul-like ops,
-bytes moved for the rest) and how that time shrinks with intra-op threads: an op only uses as
-many threads as it has work for, so small ops leave cores idle that another branch could use.
+The package's cost model (`rewrite.cost`) estimates each op's time from its `TensorMeta` shapes;
+here that time shrinks with intra-op threads: an op only uses as many threads as it has work for,
+so small ops leave cores idle that another branch could use.
 
 A list scheduler then places ops, in order of their critical path to the output, on the stream
 where they would finish first, paying a synchronisation cost whenever an input lives on another
@@ -12,23 +12,16 @@ default stream (the caller's thread) is stream 0, the others are tagged ``"auto1
 from __future__ import annotations
 
 import logging
-import math
-import operator
 
 import torch
 
-from ..ir import Graph, Node, TensorMeta, _metas
+from ..cost import OP_OVERHEAD_S, moves_no_data, node_cost
+from ..ir import Graph
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["assign_streams", "op_cost"]
+__all__ = ["assign_streams"]
 
-aten = torch.ops.aten
-
-# Rough figures for one CPU core; only ratios matter to the decisions below.
-FLOPS_PER_S = 100e9
-BYTES_PER_S = 8e9
-OP_OVERHEAD_S = 4e-6
 SYNC_S = 40e-6  # an event wait/set between two threads (measured: ~75 us for a queue round trip)
 # Fixed costs of running a call on several threads, from benchmarks/streams.py on 2 cores: a graph
 # of 16x16 ops took 0.23 ms on three streams against 0.04 ms on one. Per side stream and call: lease
@@ -37,46 +30,6 @@ LAUNCH_S = 90e-6
 SWITCH_S = 30e-6
 WORK_PER_THREAD = 5e-5  # an op needs about this much single-thread time per thread it uses well
 MIN_GAIN = 0.8  # keep the assignment only if it is estimated at most 80% of one stream's time
-
-_MATMULS = {aten.mm.default: "mm", aten.bmm.default: "bmm", aten.addmm.default: "addmm",
-            aten.convolution.default: "conv"}
-_FREE = {operator.getitem, aten.view.default, aten._unsafe_view.default, aten.t.default,
-         aten.permute.default, aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim,
-         aten.slice.Tensor, aten.select.int, aten.transpose.int, aten.alias.default}
-
-
-def _numel(meta) -> float:
-    if not isinstance(meta, TensorMeta) or not meta.is_static():
-        return 0.0
-    return float(math.prod(int(s) for s in meta.shape))
-
-
-def _bytes(meta) -> float:
-    return _numel(meta) * (meta.dtype.itemsize if isinstance(meta, TensorMeta) else 0)
-
-
-def _flops(n: Node) -> float:
-    kind = _MATMULS.get(n.target)
-    out = n.meta if isinstance(n.meta, TensorMeta) else None
-    if kind is None or out is None:
-        return 0.0
-    if kind in ("mm", "bmm", "addmm"):
-        a = n.args[1] if kind == "addmm" else n.args[0]
-        k = int(a.meta.shape[-1]) if isinstance(a, Node) and isinstance(a.meta, TensorMeta) else 1
-        return 2.0 * _numel(out) * k
-    w = n.args[1]
-    if isinstance(w, Node) and isinstance(w.meta, TensorMeta):
-        return 2.0 * _numel(out) * _numel(w.meta) / max(1, int(w.meta.shape[0]))
-    return 0.0
-
-
-def op_cost(n: Node) -> float:
-    """Estimated single-thread seconds of ``n`` (0 for ops that only make views)."""
-    if n.kind != "call" or n.target in _FREE:
-        return 0.0
-    moved = sum(_bytes(m) for m in _metas(n.meta)) + sum(_bytes(i.meta) for i in n.inputs
-                                                        if isinstance(i.meta, TensorMeta))
-    return OP_OVERHEAD_S + max(_flops(n) / FLOPS_PER_S, moved / BYTES_PER_S)
 
 
 def _time(cost: float, threads: int) -> float:
@@ -96,7 +49,8 @@ def assign_streams(graph: Graph, num_streams: int | None = None, threads: int | 
     calls = [n for n in graph.nodes if n.kind == "call"]
     if len(calls) < 2:
         return {}
-    cost = {n.id: op_cost(n) for n in calls}
+    # Views and getitem take no time on a stream: they stay with their input.
+    cost = {n.id: 0.0 if moves_no_data(n.target) else node_cost(n) for n in calls}
     single = sum(_time(c, threads) for c in cost.values())
 
     # Critical path from each node to the end, on a share of the threads.

@@ -10,7 +10,7 @@ ATen kernels), with synchronisation only where the `StreamPlan` asks for it:
 
 * a value read by another stream is stored in a per-call slot list ``X`` and announced by setting
   a ``threading.Event`` in ``E``; the reader blocks on the event (no busy waiting);
-* ``wait_for`` edges are events without a value.
+* wait edges are events without a value.
 
 Memory: a value that crosses streams stays in its slot until the call returns (a value read only
 on its own stream is dropped after its last reader, as in `codegen`); on CPU nothing else can

@@ -3,11 +3,11 @@
 `plan_streams(graph)` is device independent; the CPU executor (`stream_cpu`) and the CUDA executor
 (`stream_cuda`) both generate code from the same `StreamPlan`:
 
-* the order: a topological order of the graph in which every ``wait_for`` edge counts as an
+* the order: a topological order of the graph in which every wait edge counts as an
   edge too (a wait that closes a cycle is an error naming the nodes of the cycle);
 * per node, its stream: ``attrs["stream"]`` (a tag) or the default stream (the caller's);
 * per node, the events its stream waits on before running it: one for every input produced on
-  another stream, every ``wait_for`` node on another stream and, around ops with side effects
+  another stream, every waited-for node on another stream and, around ops with side effects
   (in-place writes), the other streams' work before and after them, minus the waits already implied
   by an earlier wait (tracked with vector clocks, so a stream never waits twice for what it knows).
 
@@ -28,7 +28,7 @@ DEFAULT_STREAM = None  # the tag of the caller's stream
 
 
 class StreamCycleError(CompileError):
-    """The ``wait_for`` edges together with the data edges form a cycle."""
+    """The wait edges together with the data edges form a cycle."""
 
 
 @dataclasses.dataclass
@@ -67,17 +67,15 @@ class StreamPlan:
 def resolve_waits(graph: Graph) -> dict:
     """node id -> the graph's nodes it waits for.
 
-    Waits are resolved by identity first, then by name: graph copies (gears, ``Graph.copy``)
-    keep names but their ``wait_for`` lists still point at the original's nodes. A wait on a node
-    that is no longer in the graph is an error: an optimization dropped what the user asked for.
+    A wait on a node that is no longer in the graph is an error: an optimization dropped what the
+    user asked for.
     """
     by_id = {n.id: n for n in graph.nodes}
-    by_name = {n.name: n for n in graph.nodes}
     out = {}
     for n in graph.nodes:
         deps = []
-        for w in n.attrs.get("wait_for", ()):
-            target = by_id.get(w.id) or by_name.get(w.name)
+        for w in n.waits:
+            target = by_id.get(w.id)
             if target is None:
                 raise CompileError(
                     f"graph {graph.name}: {n} ({n.op}) waits for %{w.name}, which is not in the graph "

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import importlib
 import math
-import operator
 import re
 from typing import Callable
 
@@ -23,6 +22,7 @@ import sympy
 import torch
 import torch.utils._sympy.functions
 
+from .. import ops
 from ..ir import Graph, Node, SymbolInfo, SymMeta, TensorMeta
 from .errors import ExportError
 
@@ -38,21 +38,12 @@ __all__ = [
     "target_name",
 ]
 
-FORMAT_VERSION = 1
+# 2: ops are named as everywhere else in rewrite (`rewrite.ops.target_name`: ``mul``, not
+#    ``operator.mul``); wait edges are the node field ``waits``, not an attribute.
+FORMAT_VERSION = 2
 
-# -- callables a graph may call besides ATen/custom ops ------------------------------------------------
-
-_PYTHON_FUNCTIONS: dict[str, Callable] = {}
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
-              "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift", "getitem",
-              "truth"):
-    _PYTHON_FUNCTIONS[f"operator.{_name}"] = getattr(operator, _name)
-for _name in ("floor", "ceil", "trunc", "sqrt"):
-    _PYTHON_FUNCTIONS[f"math.{_name}"] = getattr(math, _name)
-for _name in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum", "_sym_sqrt"):
-    if hasattr(torch, _name):
-        _PYTHON_FUNCTIONS[f"torch.{_name}"] = getattr(torch, _name)
-_PYTHON_NAMES = {id(fn): name for name, fn in _PYTHON_FUNCTIONS.items()}
+# Version 1 wrote Python's operators as ``operator.<name>``.
+_V1_OPERATOR_PREFIX = "operator."
 
 # Custom-op namespaces that live in a rewrite module: importing it registers the ops.
 _NAMESPACE_MODULES = {"rewrite_stream": "rewrite.scope"}
@@ -73,42 +64,37 @@ _SHAPE_CHARS = re.compile(r"^[A-Za-z0-9_+\-*/%(), .<>=!&|~]*$")
 
 
 def target_name(target, node_name: str = "?") -> str:
-    """The name under which a node's callable is written: ``aten.add.Tensor``, ``operator.mul``."""
-    if isinstance(target, torch._ops.OpOverload):
-        schema_name = target._schema.name.split("::")[-1]
-        return f"{target.namespace}.{schema_name}.{target._overloadname}"
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        return f"higher_order.{target.name()}"
-    name = _PYTHON_NAMES.get(id(target))
-    if name is None:
+    """The name under which a node's callable is written (`rewrite.ops.target_name`)."""
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+        return ops.target_name(target)
+    name = ops.target_name(target)
+    if ops.SIZE_FUNCTIONS.get(name) is not target:
         raise ExportError(
             f"node {node_name} calls {getattr(target, '__qualname__', target)!r}, which the export format cannot "
-            f"represent; allowed are ATen/custom op overloads, higher-order ops and {sorted(_PYTHON_FUNCTIONS)}")
+            f"represent; allowed are ATen/custom op overloads, higher-order ops and {sorted(ops.SIZE_FUNCTIONS)}")
     return name
 
 
 def resolve_op(name: str, node_name: str = "?"):
     """The callable an op name from a graph file stands for (inverse of `target_name`)."""
-    if name in _PYTHON_FUNCTIONS:
-        return _PYTHON_FUNCTIONS[name]
+    if not isinstance(name, str):
+        raise ExportError(f"node {node_name}: op {name!r} is not a string")
+    if name.startswith(_V1_OPERATOR_PREFIX) and name[len(_V1_OPERATOR_PREFIX):] in ops.SIZE_FUNCTIONS:
+        name = name[len(_V1_OPERATOR_PREFIX):]
+    if name in ops.SIZE_FUNCTIONS:
+        return ops.SIZE_FUNCTIONS[name]
     parts = name.split(".")
-    if parts[0] == "higher_order" and len(parts) == 2:
-        try:
-            return getattr(torch.ops.higher_order, parts[1])
-        except AttributeError:
-            raise ExportError(f"node {node_name}: unknown higher-order op {name!r}") from None
-    if len(parts) != 3:
+    if not ((parts[0] == "higher_order" and len(parts) == 2) or len(parts) == 3):
         raise ExportError(f"node {node_name}: op {name!r} is not of the form namespace.op.overload, "
                           "higher_order.op or one of the allowed Python functions")
-    namespace, op, overload = parts
+    namespace = parts[0]
     if namespace in _NAMESPACE_MODULES:
         importlib.import_module(_NAMESPACE_MODULES[namespace])
     if namespace.startswith("_c10d") or namespace == "c10d":
         importlib.import_module("torch.distributed")  # registers the collective ops
     try:
-        packet = getattr(getattr(torch.ops, namespace), op)
-        return getattr(packet, overload)
-    except (AttributeError, RuntimeError):
+        return ops.target_from_name(name)
+    except ops.OpError:
         raise ExportError(f"node {node_name}: op {name!r} is not registered in this torch {torch.__version__} "
                           "(was the file written by a newer torch, or does it need an extension loaded?)") from None
 
@@ -346,11 +332,19 @@ def encode_graph(g: Graph, encode_constant: Callable[[Node], dict], keep_attr: C
                 record["kwargs"] = {k: _encode_with_graphs(v, where, encode_constant, keep_attr)
                                     for k, v in n.kwargs.items()}
         record["meta"] = encode_meta(n.meta)
+        if n.waits:
+            record["waits"] = [w.name for w in n.waits]
         attrs = _encode_attrs(n, keep_attr)
         if attrs:
             record["attrs"] = attrs
         nodes.append(record)
     return {"name": g.name, "symbols": symbols, "nodes": nodes}
+
+
+def _waited(name, nodes: dict, where: str) -> Node:
+    if not isinstance(name, str) or name not in nodes:
+        raise ExportError(f"{where}: waits for {name!r}, which is not a node defined before it")
+    return nodes[name]
 
 
 def _encode_with_graphs(a, where, encode_constant, keep_attr):
@@ -405,11 +399,16 @@ def decode_graph(d: dict, decode_constant: Callable[[dict, str], object]) -> Gra
             node = g.call(target, args, kwargs, meta)
             node.name = name
         nodes[name] = node
+        node.waits = tuple(_waited(w, nodes, where) for w in record.get("waits", ()))
         if record.get("attrs"):
             pending_attrs.append((node, record["attrs"], where))
     for node, attrs, where in pending_attrs:
         for key, value in attrs.items():
-            node.attrs[key] = decode_arg(value, nodes, f"{where} attribute {key!r}")
+            decoded = decode_arg(value, nodes, f"{where} attribute {key!r}")
+            if key == "wait_for":  # version 1 kept wait edges as an attribute
+                node.waits += tuple(_waited(w.name, nodes, where) for w in decoded if isinstance(w, Node))
+            else:
+                node.attrs[key] = decoded
     placeholder_index = {p.name: i for i, p in enumerate(g.placeholders)}
     for name, entry in symbol_entries.items():
         info = SymbolInfo(None, None, int(entry.get("lower") or 0), entry.get("upper"))

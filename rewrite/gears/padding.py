@@ -21,7 +21,8 @@ import dataclasses
 import sympy
 import torch
 
-from ..ir import SIZE_OPS, Graph, Node, SymMeta, TensorMeta
+from ..ir import Graph, Node, SymMeta, TensorMeta
+from ..ops import SIZE_ARITHMETIC
 
 __all__ = ["plan_padding", "row_states", "NotRowwise", "Row", "INDEP", "SYM", "Padder"]
 
@@ -451,7 +452,7 @@ def _transfer_for(node: Node):
     name = node.op
     if name in _TRANSFER:
         return _TRANSFER[name]
-    if node.target in SIZE_OPS:
+    if node.target in SIZE_ARITHMETIC:
         return _size_arith
     t = node.target
     if isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags and not t._schema.is_mutable:

@@ -1,46 +1,34 @@
-"""The rule library registry: which rulesets run by default, in which order.
+"""The rule library: DSL rulesets, one module per family.
 
-Families (one module each):
+* ``shape_ops`` - view/reshape/permute/expand/slice/cat/cast identities
+* ``algebra``   - algebraic identities
 
-* ``folding``   - constant folding and size folding (Python passes: evaluate with torch)
-* ``cse``       - constant de-duplication by content (CSE itself is the e-graph's hash-consing)
-* ``dead_edge`` - ``torch.cond`` with a compile-time predicate -> the selected branch
-* ``algebra``   - algebraic identities (DSL rulesets, run in the e-graph)
-* ``shape_ops`` - view/reshape/permute/expand/slice/cat/cast identities (DSL rulesets)
-
-A rule module contributes ``RULESETS: list[RuleSet]``. `default_rulesets()` returns them in
-schedule order; users append their own through ``CompilerConfig().rules.extra``.
+A rule module contributes ``RULESETS: list[RuleSet]``. Which rulesets run, in which order and how
+often is `rewrite.optimizer.SCHEDULE`; hand-written passes (folding, dedup, dead edges) live in
+`rewrite.passes`. Users add rulesets through ``CompilerConfig().rules.extra``.
 """
 from __future__ import annotations
 
 import importlib
-import logging
 
 from ..dsl import RuleSet
 
-log = logging.getLogger("rewrite")
+__all__ = ["default_rulesets", "check_user_rulesets", "rulesets_of"]
 
-__all__ = ["default_rulesets", "describe_rulesets", "RULE_MODULES", "PASSES"]
 
-# Modules holding DSL rulesets, in schedule order (shape ops first: they expose algebra matches).
-RULE_MODULES = ("shape_ops", "algebra")
-
-# Python passes that run on the IR between e-graph rounds (name -> what it does). CSE is not
-# one: equal computations are one e-class of the e-graph (counted as ``cse`` in reports).
-PASSES = {
-    "dead_edge": "torch.cond with a compile-time predicate -> the selected branch inlined",
-    "fold": "ops whose inputs are all constants are evaluated with torch (size cap: rules.fold_size_limit)",
-    "fold_sizes": "size computations whose value is a constant expression become constants",
-    "dedup": "constants with identical contents become one constant",
-    "prune": "only what reaches an output or has a side effect survives",
-}
-
-def default_rulesets() -> list[RuleSet]:
-    """The default DSL rulesets, in the order they are scheduled."""
+def rulesets_of(module_names) -> list[RuleSet]:
+    """The rulesets of the named rule modules, in the order given."""
     out: list[RuleSet] = []
-    for name in RULE_MODULES:
+    for name in module_names:
         out.extend(importlib.import_module(f"{__name__}.{name}").RULESETS)
     return out
+
+
+def default_rulesets() -> list[RuleSet]:
+    """The library's rulesets, in the order the schedule runs them."""
+    from ..optimizer import SCHEDULE
+
+    return rulesets_of(SCHEDULE.saturation.rule_modules)
 
 
 def check_user_rulesets(extra) -> list[RuleSet]:
@@ -53,23 +41,3 @@ def check_user_rulesets(extra) -> list[RuleSet]:
             raise ValueError(f"config.rules.extra[{i}]: ruleset name {rs.name!r} is already used; pick another name")
         taken.add(rs.name)
     return list(extra)
-
-
-def describe_rulesets(extra=()) -> str:
-    """A readable listing of the passes, rulesets and rules (``python -m rewrite rules``)."""
-    lines = ["Python passes (run on the IR between e-graph rounds):"]
-    width = max(len(k) for k in PASSES)
-    lines += [f"  {name:<{width}}  {what}" for name, what in PASSES.items()]
-    lines.append("  (CSE is no pass: equal computations are one e-class of the e-graph; reports count it as cse)")
-    sets = default_rulesets() + list(extra)
-    total = sum(len(rs) for rs in sets)
-    lines.append("")
-    lines.append(f"Rulesets ({len(sets)} sets, {total} rules; run in this order, each up to its iterations per round):")
-    for rs in sets:
-        head = f"  {rs.name}  ({len(rs)} rules, {rs.iterations} iterations)"
-        if rs.description:
-            head += f"  - {rs.description}"
-        lines.append(head)
-        for r in rs.rules:
-            lines.append(f"    {r!r}")
-    return "\n".join(lines)

@@ -25,9 +25,9 @@ from .context import ShapeContext, ShapeInferenceError, to_expr
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["infer_higher_order", "infer_while_loop", "infer_cond", "MAX_ROUNDS"]
+__all__ = ["infer_higher_order", "infer_while_loop", "infer_cond", "WHILE_FIXPOINT_ROUNDS"]
 
-MAX_ROUNDS = 10
+WHILE_FIXPOINT_ROUNDS = 10
 
 
 def infer_higher_order(target, args, kwargs, ctx: ShapeContext):
@@ -99,7 +99,7 @@ def infer_while_loop(cond: Graph, body: Graph, carried, additional, ctx: ShapeCo
     """Output metas of a while loop: the fixpoint of the body's shape function over the carries."""
     state = tuple(carried)
     additional = tuple(additional)
-    for rounds in range(1, MAX_ROUNDS + 1):
+    for rounds in range(1, WHILE_FIXPOINT_ROUNDS + 1):
         out = run_subgraph(body, state + additional, ctx)
         if len(out) != len(state):
             raise ShapeInferenceError(f"while_loop: body {body.name} returns {len(out)} values for "
@@ -110,7 +110,7 @@ def infer_while_loop(cond: Graph, body: Graph, carried, additional, ctx: ShapeCo
             break
         state = widened
     else:
-        raise ShapeInferenceError(f"while_loop: shapes of body {body.name} did not settle in {MAX_ROUNDS} rounds")
+        raise ShapeInferenceError(f"while_loop: shapes of body {body.name} did not settle in {WHILE_FIXPOINT_ROUNDS} rounds")
     log.debug("shape: while_loop body %s settled after %d round(s): %s", body.name, rounds,
               ", ".join(str(m) for m in state))
     run_subgraph(cond, state + additional, ctx)  # its metas, for the executor

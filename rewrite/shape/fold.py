@@ -30,7 +30,8 @@ log = logging.getLogger("rewrite")
 
 __all__ = ["fold_shape_computations", "substitute", "known_value"]
 
-MAX_ROUNDS = 10
+# Rounds of (infer shapes, fold sizes): each round folds what the previous one made known.
+FOLD_ROUNDS = 10
 
 
 def known_value(meta):
@@ -62,7 +63,7 @@ def fold_shape_computations(graph: Graph, symbols=None) -> int:
     """
     ctx = ShapeContext.of(symbols if symbols is not None else graph.symbols)
     total = 0
-    for _ in range(MAX_ROUNDS):
+    for _ in range(FOLD_ROUNDS):
         infer_graph(graph, ctx)
         folded = _fold_once(graph) + _fold_shape_tensors(graph)
         total += folded
@@ -76,7 +77,7 @@ def fold_shape_computations(graph: Graph, symbols=None) -> int:
 
 def _fold_once(graph: Graph) -> int:
     users = graph.users()
-    waited = _waited_on(graph)
+    waited = graph.waited_on()
     folded = 0
     for node in list(graph.nodes):
         for sub in _subgraphs((node.args, node.kwargs)):
@@ -94,11 +95,6 @@ def _fold_once(graph: Graph) -> int:
             graph.remove(node)
         folded += 1
     return folded
-
-
-def _waited_on(graph: Graph) -> set[int]:
-    """A node another one waits for (stream scopes) keeps its identity: the wait names it."""
-    return {w.id for n in graph.nodes for w in n.attrs.get("wait_for", ()) if isinstance(w, Node)}
 
 
 def _give_readers_the_value(graph: Graph, node: Node, value, readers) -> None:
@@ -154,7 +150,7 @@ def _shape_tensor_value(node: Node):
 def _fold_shape_tensors(graph: Graph) -> int:
     """Shape computations carried by tensors become constants (seed 003's Shape -> Gather chain)."""
     folded = 0
-    waited = _waited_on(graph)
+    waited = graph.waited_on()
     for node in list(graph.nodes):
         if node.kind != "call" or node.id in waited:
             continue

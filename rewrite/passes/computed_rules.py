@@ -13,10 +13,11 @@ import logging
 
 import torch
 
-from ..dsl import Lit, OpPattern, Pattern, Rule, RuleSet, Var, canonical_call, same_value
+from ..dsl import Lit, OpPattern, Pattern, Rule, RuleSet, Var, same_value
+from ..egraph.load import must_pin
 from ..ir import Graph, Node, map_nodes, meta_of_value
-from ..rules.folding import waited_on
-from .load import must_pin
+from ..ops import OpError, canonical_call
+from ..shape import infer_meta
 
 log = logging.getLogger("rewrite")
 
@@ -39,7 +40,7 @@ def match_node(p, value, binding: dict, stream) -> bool:
             return False
         try:
             args, kwargs = canonical_call(value.target, value.args, value.kwargs)
-        except ValueError:
+        except OpError:
             return False
         if len(args) != len(p.args) or set(kwargs) != set(p.kwargs):
             return False
@@ -69,8 +70,6 @@ def _build(p, binding: dict, graph: Graph, before: Node, stream):
     if isinstance(p, Lit):
         return _build(p.value, binding, graph, before, stream)
     if isinstance(p, OpPattern):
-        from .saturate import infer_meta
-
         args = [_build(a, binding, graph, before, stream) for a in p.args]
         kwargs = {k: _build(a, binding, graph, before, stream) for k, a in p.kwargs.items()}
         meta_of = lambda n: n.meta  # noqa: E731
@@ -93,7 +92,7 @@ def apply_computed_rules(graph: Graph, rulesets: list[RuleSet]) -> dict[str, int
     fired: dict[str, int] = {}
     if not rules:
         return fired
-    waited = waited_on(graph)
+    waited = graph.waited_on()
     for node in list(graph.nodes):
         if node.kind != "call" or node.id in waited or node.target not in rules or node.graph is not graph:
             continue

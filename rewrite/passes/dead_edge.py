@@ -14,7 +14,6 @@ import sympy
 import torch
 
 from ..ir import Graph, Node, SymMeta, map_nodes
-from .folding import waited_on
 
 log = logging.getLogger("rewrite")
 
@@ -43,7 +42,7 @@ def known_predicate(pred) -> bool | None:
 def eliminate_dead_edges(graph: Graph) -> int:
     """Inline the selected branch of every cond with a known predicate; returns how many."""
     count = 0
-    waited = waited_on(graph)
+    waited = graph.waited_on()
     for node in list(graph.nodes):
         if node.kind != "call" or node.target is not torch.ops.higher_order.cond or node.id in waited:
             continue

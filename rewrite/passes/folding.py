@@ -18,12 +18,12 @@ from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, map_nodes, me
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["fold_constants", "can_fold", "fold_sizes", "waited_on"]
+__all__ = ["fold_constants", "can_fold", "fold_sizes"]
 
 
 def can_fold(node: Node) -> bool:
     """Whether ``node`` may be evaluated at compile time (ignoring whether its inputs are known)."""
-    if node.kind != "call" or is_side_effect(node) or node.attrs.get("wait_for"):
+    if node.kind != "call" or is_side_effect(node) or node.waits:
         return False
     t = node.target
     if isinstance(t, torch._ops.HigherOrderOperator):
@@ -69,7 +69,7 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
     """
     replaced: dict[int, Node] = {}
     swap = lambda n: replaced.get(n.id, n)  # noqa: E731
-    waited = waited_on(graph)
+    waited = graph.waited_on()
     kept: list[Node] = []
     for node in graph.nodes:
         if replaced and any(i.id in replaced for i in node.inputs):
@@ -141,7 +141,3 @@ def _known_size(node: Node) -> bool:
     expr = sympy.sympify(m.expr)
     return bool(expr.is_number) or expr in (sympy.true, sympy.false)
 
-
-def waited_on(graph: Graph) -> set[int]:
-    """Ids of nodes another node waits for (they keep their identity: the wait names them)."""
-    return {w.id for n in graph.nodes for w in n.attrs.get("wait_for", ()) if isinstance(w, Node)}

@@ -1,0 +1,411 @@
+"""What rewrite knows about ops, in one place: names, argument binding, keys, dtype groups, families.
+
+Every layer (the IR printer, the e-graph, the shape engine, the padding proof, the cost model, the
+executors, the export format) reads op knowledge from here instead of keeping a private table:
+
+* **names**: `target_name` gives the one spelling of a call target (``aten.mul.Tensor``,
+  ``higher_order.cond``, ``mul`` for Python's ``operator.mul``, ``math.floor``, ``torch.sym_max``);
+  `target_from_name` is its inverse. Graph dumps, reports, e-graph terms and export files all use it.
+* **binding**: `canonical_call` (every schema argument present, so two spellings of a call compare
+  equal), `bind_arguments` (schema name -> value), `split_args` and `strip_defaults`.
+* **keys**: canonical strings and hashes that two layers must agree on exactly: `dtype_str`,
+  `shape_key`, `splat_key`, `constant_key`.
+* **dtype groups**: `FLOATS`, `INTS`, `SIGNED_INTS`, `ALL_DTYPES`.
+* **families** in the manner of tinygrad's ``GroupOp``: named frozensets of targets (``RESHAPES``,
+  ``VIEWS``, ``MATMULS``...). A pass keeps ``{family: rule}`` tables plus named exceptions, so a new
+  overload joins every pass at once, and two passes cannot disagree about what a view is.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+from typing import Any, Sequence
+
+import sympy
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = [
+    "OpError", "target_name", "target_from_name", "register_target",
+    "canonical_call", "bind_arguments", "split_args", "strip_defaults", "schema_types", "schema_default",
+    "NO_DEFAULT", "dtype_str", "shape_key", "splat_key", "constant_key",
+    "FLOATS", "INTS", "SIGNED_INTS", "ALL_DTYPES",
+    "is_overload", "is_mutable", "is_nondeterministic", "is_pointwise", "returns_view", "family_table",
+]
+
+aten = torch.ops.aten
+
+
+class OpError(ValueError):
+    """An op name or a call's arguments do not fit the op; the message says what is allowed."""
+
+
+# -- names -----------------------------------------------------------------------------------------
+
+# Python callables a graph may call besides ATen/custom ops: size arithmetic, getitem on multi-output
+# nodes, and torch's symbolic helpers. Named as `target_name` spells them.
+SIZE_FUNCTIONS: dict[str, Any] = {}
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
+              "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift", "getitem", "truth"):
+    SIZE_FUNCTIONS[_name] = getattr(operator, _name)
+for _name in ("floor", "ceil", "trunc", "sqrt"):
+    SIZE_FUNCTIONS[f"math.{_name}"] = getattr(math, _name)
+for _name in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum", "_sym_sqrt"):
+    if hasattr(torch, _name):
+        SIZE_FUNCTIONS[f"torch.{_name}"] = getattr(torch, _name)
+_FUNCTION_NAMES = {id(fn): name for name, fn in SIZE_FUNCTIONS.items()}
+
+_known_targets: dict[str, Any] = dict(SIZE_FUNCTIONS)
+
+
+def is_overload(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def target_name(t) -> str:
+    """The one name of a call target: ``aten.mul.Tensor``, ``higher_order.cond``, ``mul``, ``math.floor``."""
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        return f"higher_order.{t.name()}"
+    known = _FUNCTION_NAMES.get(id(t))
+    if known is not None:
+        return known
+    mod = getattr(t, "__module__", "") or ""
+    name = getattr(t, "__name__", repr(t))
+    if mod in ("_operator", "operator"):
+        return name
+    return f"{mod}.{name}" if mod else name
+
+
+def register_target(target) -> str:
+    """Remember ``target`` under its name so `target_from_name` gives it back; returns the name."""
+    name = target_name(target)
+    _known_targets.setdefault(name, target)
+    return name
+
+
+def target_from_name(name: str):
+    """The callable named ``name`` (the inverse of `target_name`); raises OpError if unknown."""
+    known = _known_targets.get(name)
+    if known is not None:
+        return known
+    parts = name.split(".") if isinstance(name, str) else []
+    target = None
+    if len(parts) == 2 and parts[0] == "higher_order":
+        target = getattr(torch.ops.higher_order, parts[1], None)
+        if not isinstance(target, torch._ops.HigherOrderOperator):
+            target = None
+    elif len(parts) == 3:
+        ns, opname, overload = parts
+        try:
+            target = getattr(getattr(getattr(torch.ops, ns), opname), overload)
+        except (AttributeError, RuntimeError):
+            target = None
+        if not isinstance(target, torch._ops.OpOverload):
+            target = None
+    if target is None:
+        raise OpError(f"unknown op target {name!r}; expected an op overload such as 'aten.mul.Tensor', "
+                      "a higher-order op such as 'higher_order.cond' or a size function such as 'mul'")
+    _known_targets[name] = target
+    return target
+
+
+# -- argument binding --------------------------------------------------------------------------------
+
+NO_DEFAULT = object()
+
+
+def canonical_call(target, args: Sequence, kwargs: dict | None = None) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of an ATen call with every schema argument present.
+
+    Positional schema arguments go to ``args`` and keyword-only ones to ``kwargs``; missing ones
+    take their schema default. Two spellings of the same call thus compare equal, which is what
+    lets a pattern match a node and the e-graph CSE them. Non-ATen targets pass through.
+    """
+    kwargs = dict(kwargs or {})
+    if not isinstance(target, torch._ops.OpOverload):
+        return tuple(args), kwargs
+    schema = target._schema
+    out_args, out_kwargs = [], {}
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise OpError(f"{target_name(target)} takes {len(positional)} positional arguments, got {len(args)}")
+    for i, a in enumerate(schema.arguments):
+        if not a.kwarg_only and i < len(args):
+            value = args[i]
+        elif a.name in kwargs:
+            value = kwargs.pop(a.name)
+        elif a.has_default_value():
+            value = a.default_value
+        else:
+            raise OpError(f"{target_name(target)}: missing required argument {a.name!r} (schema: {schema})")
+        (out_kwargs.__setitem__(a.name, value) if a.kwarg_only else out_args.append(value))
+    if kwargs:
+        raise OpError(f"{target_name(target)}: unknown keyword arguments {sorted(kwargs)}; schema: {schema}")
+    return tuple(out_args), out_kwargs
+
+
+def bind_arguments(target, args: Sequence, kwargs: dict | None = None) -> dict:
+    """Schema argument name -> value for a call of an ATen overload, defaults filled in."""
+    cargs, ckwargs = canonical_call(target, args, kwargs)
+    positional = [a.name for a in target._schema.arguments if not a.kwarg_only]
+    return {**dict(zip(positional, cargs)), **ckwargs}
+
+
+def split_args(target, values: Sequence) -> tuple[list, dict]:
+    """A canonical flat argument list (schema order) -> ``(args, kwargs)``."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return list(values), {}
+    args, kwargs = [], {}
+    for a, v in zip(target._schema.arguments, values):
+        if a.kwarg_only:
+            kwargs[a.name] = v
+        else:
+            args.append(v)
+    return args, kwargs
+
+
+def strip_defaults(target, args: Sequence, kwargs: dict) -> tuple[tuple, dict]:
+    """Drop trailing arguments equal to their schema default, so calls read like eager ones."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return tuple(args), kwargs
+    schema_args = target._schema.arguments
+    positional = [a for a in schema_args if not a.kwarg_only]
+    args = list(args)
+    while args and len(args) <= len(positional):
+        a = positional[len(args) - 1]
+        if a.has_default_value() and _is_default(args[-1], a.default_value):
+            args.pop()
+        else:
+            break
+    out_kwargs = {}
+    for a in schema_args:
+        if a.kwarg_only and a.name in kwargs:
+            v = kwargs[a.name]
+            if not (a.has_default_value() and _is_default(v, a.default_value)):
+                out_kwargs[a.name] = v
+    return tuple(args), out_kwargs
+
+
+def _is_default(value, default) -> bool:
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return (len(value) == len(default)
+                and all(type(x) is type(y) and x == y for x, y in zip(value, default)))
+    return type(value) is type(default) and not isinstance(value, torch.Tensor) and value == default
+
+
+def schema_types(target) -> tuple[list[str], dict[str, str]]:
+    """Schema type strings of the positional and keyword-only arguments ('Tensor', 'int[]', ...)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return [], {}
+    pos, kw = [], {}
+    for a in target._schema.arguments:
+        (kw.__setitem__(a.name, str(a.type)) if a.kwarg_only else pos.append(str(a.type)))
+    return pos, kw
+
+
+def schema_default(target, name: str):
+    """The schema default of argument ``name``, or `NO_DEFAULT`."""
+    if isinstance(target, torch._ops.OpOverload):
+        for a in target._schema.arguments:
+            if a.name == name and a.has_default_value():
+                return a.default_value
+    return NO_DEFAULT
+
+
+# -- properties read off the schema ------------------------------------------------------------------
+
+def is_mutable(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def is_nondeterministic(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def is_pointwise(target) -> bool:
+    """Pointwise ATen ops without mutation whose results are all tensors."""
+    return (isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+            and not target._schema.is_mutable
+            and all(r.type.kind() == "TensorType" for r in target._schema.returns))
+
+
+def returns_view(target) -> bool:
+    """Whether the op's result may share its first input's memory (schema alias annotation).
+
+    ``_unsafe_view`` has none (autograd treats it as fresh), yet its result shares memory.
+    """
+    if target is aten._unsafe_view.default:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
+        return False
+    info = target._schema.returns[0].alias_info
+    return info is not None and not info.is_write
+
+
+# -- keys two layers must agree on ---------------------------------------------------------------------
+
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def shape_key(shape) -> str:
+    """Canonical string of a shape (tuple of ints / sympy expressions)."""
+    return "[" + ",".join(str(sympy.sympify(s)) for s in shape) + "]"
+
+
+def splat_key(value) -> str | None:
+    """Canonical string of 'every element equals this number', or None if not a splat."""
+    if isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, (int, float)):
+        f = float(value)
+        if math.isnan(f):
+            return None
+        return repr(f) if f != 0 else ("-0.0" if math.copysign(1, f) < 0 else "0.0")
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        if value.numel() == 0 or value.is_complex():
+            return None
+        flat = value.reshape(-1)
+        first = flat[0]
+        # a few samples first: a weight matrix is rejected without a pass over all its elements
+        if flat.numel() > 64 and not bool((flat[:: flat.numel() // 16] == first).all()):
+            return None
+        if not bool((flat == first).all()):
+            return None
+        if value.dtype.is_floating_point and bool((torch.signbit(flat) != torch.signbit(first)).any()):
+            return None
+        return splat_key(first.item())
+    return None
+
+
+# tensor -> (its version counter, its key): the optimizer runs several times per graph (rounds,
+# gears) and hashing real weights costs ~0.1 s per 100 MB each time. Keyed by identity, weakly.
+_constant_keys = WeakIdKeyDictionary()
+
+
+def constant_key(value) -> tuple:
+    """A hashable key equal for two constants exactly when their contents are bit-identical.
+
+    Constants are compared by dtype, shape, device and their bytes, so -0.0 and 0.0, or two NaN
+    payloads, stay apart: merging them would change results.
+    """
+    if not isinstance(value, torch.Tensor):
+        if isinstance(value, (int, float, bool, str, type(None))):
+            return ("py", type(value).__name__, repr(value))
+        return ("id", id(value))
+    if value.is_sparse or value.is_quantized or value.is_nested or value.layout != torch.strided:
+        return ("id", id(value))
+    cached = _constant_keys.get(value)
+    if cached is not None and cached[0] == value._version:
+        return cached[1]
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    # clone, not contiguous(): a 1-element tensor with stride 0 counts as contiguous but cannot be viewed as bytes.
+    raw = (t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8) if t.numel()
+           else torch.empty(0, dtype=torch.uint8))
+    digest = hashlib.blake2b(memoryview(raw.numpy()), digest_size=16).hexdigest()
+    key = ("tensor", str(value.dtype), tuple(value.shape), str(value.device), value.requires_grad, digest)
+    _constant_keys[value] = (value._version, key)
+    return key
+
+
+# -- dtype groups ------------------------------------------------------------------------------------
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+SIGNED_INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
+INTS = (torch.uint8,) + SIGNED_INTS
+ALL_DTYPES = FLOATS + INTS + (torch.bool,)
+
+
+# -- families ----------------------------------------------------------------------------------------
+
+def _overloads(*names: str) -> frozenset:
+    """ATen overloads by ``op.overload``, skipping those this torch build lacks."""
+    out = []
+    for n in names:
+        packet, overload = n.split(".")
+        op = getattr(getattr(aten, packet, None), overload, None)
+        if op is not None:
+            out.append(op)
+    return frozenset(out)
+
+
+# Views and layout: the result reads its input's elements in another arrangement.
+RESHAPES = _overloads("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default")
+PERMUTES = _overloads("permute.default", "permute_copy.default")
+TRANSPOSES = _overloads("transpose.int", "transpose_copy.int")
+MATRIX_TRANSPOSES = _overloads("t.default", "t_copy.default")
+EXPANDS = _overloads("expand.default", "expand_copy.default")
+UNSQUEEZES = _overloads("unsqueeze.default", "unsqueeze_copy.default")
+SQUEEZES = _overloads("squeeze.dim", "squeeze.dims", "squeeze.default", "squeeze_copy.dim", "squeeze_copy.dims")
+SLICES = _overloads("slice.Tensor", "slice_copy.Tensor")
+SELECTS = _overloads("select.int", "select_copy.int")
+SPLITS = _overloads("split.Tensor", "split_copy.Tensor")
+SPLITS_WITH_SIZES = _overloads("split_with_sizes.default", "split_with_sizes_copy.default")
+# The same elements, the same shape: an alias or a fresh copy (possibly of another dtype or layout).
+ALIASES = _overloads("alias.default", "detach.default")
+COPIES = _overloads("clone.default", "lift_fresh_copy.default", "contiguous.default", "_to_copy.default")
+# Ops that move no data: their result is a view of their input (copy variants excluded).
+VIEWS = _overloads("view.default", "_unsafe_view.default", "permute.default", "t.default", "transpose.int",
+                   "expand.default", "unsqueeze.default", "squeeze.dim", "squeeze.dims", "squeeze.default",
+                   "slice.Tensor", "select.int", "alias.default", "as_strided.default", "detach.default",
+                   "split.Tensor", "split_with_sizes.default", "unbind.int")
+# Sizes read off a tensor (SymInt results).
+SIZE_QUERIES = _overloads("sym_size.int", "sym_numel.default", "sym_stride.int", "sym_storage_offset.default")
+# Ops whose result depends on the layout of their input, not only on its values.
+STRIDE_READERS = _overloads("as_strided.default", "as_strided_.default", "as_strided_scatter.default",
+                            "sym_stride.int", "sym_stride.default", "stride.int")
+
+# Reductions, by where their dim and keepdim arguments sit.
+SUMS = _overloads("sum.dim_IntList", "sum.default", "prod.dim_int", "prod.default")
+MEANS = _overloads("mean.dim", "mean.default")
+VARIANCES = _overloads("var.correction", "var.dim", "std.correction", "std.dim")
+VARIANCE_MEANS = _overloads("var_mean.correction")
+MIN_MAX = _overloads("amax.default", "amin.default")
+ANY_ALL = _overloads("any.dim", "any.dims", "any.default", "all.dim", "all.dims", "all.default")
+ARG_REDUCTIONS = _overloads("argmax.default", "argmin.default")
+MAX_MIN_DIM = _overloads("max.dim", "min.dim")
+FULL_MAX_MIN = _overloads("max.default", "min.default")
+LOGSUMEXP = _overloads("logsumexp.default")
+# Along one dim, keeping the shape.
+SOFTMAXES = _overloads("_softmax.default", "_log_softmax.default", "softmax.int", "log_softmax.int")
+SCANS = _overloads("cumsum.default", "cumprod.default")
+SORTS = _overloads("sort.default")
+
+MATMULS = _overloads("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "matmul.default",
+                     "linear.default")
+CONVOLUTIONS = _overloads("convolution.default")
+ATTENTION = _overloads("scaled_dot_product_attention.default", "_scaled_dot_product_flash_attention_for_cpu.default",
+                       "_scaled_dot_product_efficient_attention.default",
+                       "_scaled_dot_product_flash_attention.default", "_scaled_dot_product_cudnn_attention.default")
+LAYER_NORMS = _overloads("native_layer_norm.default")
+
+# Tensors made from sizes and values alone, or shaped like another tensor.
+FACTORIES = _overloads("zeros.default", "ones.default", "empty.memory_format", "rand.default", "randn.default")
+FULLS = _overloads("full.default")
+RANGES = _overloads("arange.default", "arange.start", "arange.start_step")
+SCALAR_TENSORS = _overloads("scalar_tensor.default")
+LIKE_FACTORIES = _overloads("full_like.default", "zeros_like.default", "ones_like.default", "empty_like.default",
+                            "rand_like.default", "randn_like.default")
+NEW_FACTORIES = _overloads("new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default")
+
+# Python arithmetic on sizes (SymInt / SymFloat / SymBool values).
+SIZE_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
+                             operator.mod, operator.neg, operator.pow, operator.eq, operator.ne, operator.lt,
+                             operator.le, operator.gt, operator.ge})
+
+
+def family_table(*pairs) -> dict:
+    """``{target: rule}`` from ``(family, rule)`` pairs (a family is any iterable of targets).
+
+    Later pairs win, so a named exception listed after its family overrides it.
+    """
+    table: dict = {}
+    for family, rule in pairs:
+        for target in family:
+            table[target] = rule
+    return table
