@@ -6,13 +6,22 @@ per round). Stages are timed in the report as ``egraph.load``, ``egraph.saturate
 meta guard (a root re-matched after a merge counts again), CSE under ``cse``. Whatever goes wrong
 inside, the input graph is returned unchanged and the reason is logged: the e-graph
 may only ever make a graph better, never wrong.
+
+Threads and processes. egglog's EGraph is bound to the thread that made it (using or dropping it
+on another thread panics), so engines are cached per thread: a compile on any thread uses its own
+engine, and no engine object ever crosses threads. egglog also starts a worker thread (rayon) when
+it is imported; a process forked after that has the pool's state but not its thread, and any
+e-graph work there blocks forever. So egglog is imported only when the first e-graph runs, and in
+a process forked after it was imported the e-graph step is skipped with a note (every other pass
+still runs; graphs stay correct, just less optimized): fork before the first compile, or start
+workers with the 'spawn'/'forkserver' method, to keep the e-graph in the children.
 """
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
-
-import egglog.bindings as eb
 
 from ..cost import graph_cost
 from ..ir import Graph, is_side_effect, map_nodes
@@ -34,6 +43,8 @@ class Engine:
     ~0.5 s, so engines are cached per ruleset list and each graph runs between push and pop)."""
 
     def __init__(self, rulesets: list):
+        import egglog.bindings as eb  # here, not at import time: see "Threads and processes"
+
         self.egraph = eb.EGraph()
         self.tables = Tables()
         self.egraph.run_program(*self.egraph.parse_program(PRELUDE))
@@ -48,13 +59,15 @@ class Engine:
             bodies.extend(cmds)
         for cmd in compiler.declarations + bodies:
             self.egraph.run_program(*self.egraph.parse_program(cmd))
-        self.lock = threading.Lock()
 
 
-# key -> (the rulesets and rules the key names, engine). The entry holds those objects, so none
-# of the ids in its key can be reused by another object while it is cached.
-_engines: dict[tuple, tuple[list, Engine]] = {}
-_engines_lock = threading.Lock()
+# Per thread: key -> (the rulesets and rules the key names, engine). An entry holds those
+# objects, so none of the ids in its key can be reused by another object while it is cached.
+# A thread's engines are dropped with the thread, on that thread.
+_per_thread = threading.local()
+ENGINES_PER_THREAD = 4
+# Set in a child process forked after egglog was imported (its worker thread did not survive).
+_engine_unusable: str | None = None
 
 
 def _engine_key(rulesets: list) -> tuple:
@@ -62,16 +75,35 @@ def _engine_key(rulesets: list) -> tuple:
 
 
 def engine_for(rulesets: list) -> Engine:
-    """The cached engine for exactly these ruleset objects holding exactly these rule objects."""
+    """This thread's cached engine for exactly these ruleset objects holding exactly these rules."""
+    engines = getattr(_per_thread, "engines", None)
+    if engines is None:
+        engines = _per_thread.engines = {}
     key = _engine_key(rulesets)
-    with _engines_lock:
-        entry = _engines.get(key)
-        if entry is None:
-            if len(_engines) >= 4:
-                _engines.pop(next(iter(_engines)))
-            keep = [(rs, list(rs.rules)) for rs in rulesets]
-            entry = _engines[key] = (keep, Engine(rulesets))
-        return entry[1]
+    entry = engines.get(key)
+    if entry is None:
+        if len(engines) >= ENGINES_PER_THREAD:
+            engines.pop(next(iter(engines)))
+        keep = [(rs, list(rs.rules)) for rs in rulesets]
+        entry = engines[key] = (keep, Engine(rulesets))
+    return entry[1]
+
+
+def _after_fork_in_child() -> None:
+    global _per_thread, _engine_unusable
+    # The forking thread's engines were copied into the child; they must not be used (nor
+    # dropped by a later eviction, which would run egglog code): forget them without dropping.
+    _leaked.append(_per_thread)
+    _per_thread = threading.local()
+    if "egglog.bindings" in sys.modules:
+        _engine_unusable = ("this process was forked after egglog was loaded, and egglog's worker thread "
+                            "does not survive fork(); fork before the first compile, or use the 'spawn' or "
+                            "'forkserver' start method, to optimize with the e-graph in child processes")
+
+
+_leaked: list = []  # engines inherited through fork: never touched, never dropped
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class EGraphRun:
@@ -125,14 +157,18 @@ def run_egraph(graph: Graph, rulesets: list, limits: Limits, report) -> tuple[Gr
     Returns (graph, changed): the input graph itself on any failure or when the result is not
     cheaper; ``changed`` says whether a rule fired or CSE merged something.
     """
+    if _engine_unusable is not None:
+        if not any(_engine_unusable in n for n in report.notes):
+            log.warning("e-graph skipped for %s: %s", graph.name, _engine_unusable)
+            report.notes.append(f"e-graph skipped: {_engine_unusable}")
+        return graph, False
     with report.stage("egraph.load"):
         engine = engine_for(rulesets)
-    with engine.lock:
-        engine.egraph.run_program(*engine.egraph.parse_program("(push)"))
-        try:
-            return _run(graph, EGraphRun(graph, engine, limits), report)
-        finally:
-            engine.egraph.run_program(*engine.egraph.parse_program("(pop)"))
+    engine.egraph.run_program(*engine.egraph.parse_program("(push)"))
+    try:
+        return _run(graph, EGraphRun(graph, engine, limits), report)
+    finally:
+        engine.egraph.run_program(*engine.egraph.parse_program("(pop)"))
 
 
 def _run(graph: Graph, run: EGraphRun, report) -> tuple[Graph, bool]:
