@@ -6,6 +6,7 @@ typo such as ``config.mod = "reduce-overhead"`` fails loudly instead of being si
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 __all__ = ["CompilerConfig", "ConfigError"]
@@ -39,6 +40,33 @@ class _Typed:
         if not isinstance(value, self.types) or (bool not in self.types and isinstance(value, bool) and int in self.types):
             names = " or ".join(t.__name__ for t in self.types)
             raise ConfigError(f"{path} = {value!r} has type {type(value).__name__}; expected {names}")
+        return value
+
+
+class _Number(_Typed):
+    """An int (or, with ``integer=False``, a real number) in ``[minimum, maximum]``: never nan or inf.
+
+    Every numeric field is one of these, so a nan timeout, a negative limit or a thread count of a
+    million is a ConfigError naming the field and its range when it is assigned, not a crash or a
+    hang later.
+    """
+
+    def __init__(self, default, minimum, maximum, *, integer: bool = True, unit: str = "",
+                 exclusive_minimum: bool = False):
+        super().__init__(default, *((int,) if integer else (int, float)))
+        self.minimum, self.maximum, self.unit = minimum, maximum, unit
+        self.exclusive_minimum = exclusive_minimum
+
+    def describe(self) -> str:
+        low = f"> {self.minimum}" if self.exclusive_minimum else f">= {self.minimum}"
+        kind = "an int" if self.types == (int,) else "a finite number"
+        return f"{kind} {low} and <= {self.maximum}{' ' + self.unit if self.unit else ''}"
+
+    def check(self, path: str, value):
+        super().check(path, value)
+        too_low = value <= self.minimum if self.exclusive_minimum else value < self.minimum
+        if isinstance(value, float) and not math.isfinite(value) or too_low or value > self.maximum:
+            raise ConfigError(f"{path} = {value!r} is out of range; expected {self.describe()}")
         return value
 
 
@@ -125,9 +153,9 @@ class ExecConfig(_Section):
     # Put independent branches of graphs without stream scopes on streams by a cost model.
     auto_streams = _Typed(False, bool)
     # A stream that waits longer than this for another fails the call instead of hanging.
-    stream_timeout_s = _Typed(300.0, int, float)
+    stream_timeout_s = _Number(300.0, 0, 7 * 24 * 3600, integer=False, unit="seconds", exclusive_minimum=True)
     # CPU: intra-op threads of each side-stream worker; 0 = torch's threads / number of streams.
-    stream_intra_op_threads = _Typed(0, int)
+    stream_intra_op_threads = _Number(0, 0, 1024)
 
 
 class GeConfig(_Section):
@@ -167,11 +195,11 @@ class RulesConfig(_Section):
     # Turn the e-graph optimizer off entirely (graphs still run, unoptimized).
     enabled = _Typed(True, bool)
     # Limits for one saturation run: it stops at whichever comes first and keeps the best graph so far.
-    node_limit = _Typed(200_000, int)
-    time_limit_s = _Typed(10.0, int, float)
-    iteration_limit = _Typed(30, int)
+    node_limit = _Number(200_000, 1, 10**9, unit="e-nodes")
+    time_limit_s = _Number(10.0, 0, 24 * 3600, integer=False, unit="seconds")
+    iteration_limit = _Number(30, 1, 10**6, unit="rounds")
     # Constants larger than this many elements are not produced by folding.
-    fold_size_limit = _Typed(65_536, int)
+    fold_size_limit = _Number(65_536, 0, 2**40, unit="elements")
 
 
 class ExperimentalConfig(_Section):
