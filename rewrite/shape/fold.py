@@ -25,6 +25,7 @@ import torch
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes
 from .context import ShapeContext, to_expr
 from .infer import infer_graph
+from .kernels import map_leaves
 
 log = logging.getLogger("rewrite")
 
@@ -212,16 +213,14 @@ def _normalize_mapping(graph: Graph, mapping) -> dict:
 
 
 def substitute_meta(meta, mapping: dict):
-    if isinstance(meta, TensorMeta):
-        if meta.shape is None:
-            return meta
-        return TensorMeta(meta.dtype, tuple(to_expr(s).xreplace(mapping) for s in meta.shape), meta.device)
-    if isinstance(meta, SymMeta):
-        e = to_expr(meta.expr).xreplace(mapping)
-        return SymMeta(sympy.simplify(e) if e.free_symbols == set() and not e.is_Number else e, meta.pytype)
-    if isinstance(meta, (tuple, list)):
-        return tuple(substitute_meta(m, mapping) for m in meta)
-    return meta
+    def leaf(m):
+        if isinstance(m, TensorMeta) and m.shape is not None:
+            return TensorMeta(m.dtype, tuple(to_expr(s).xreplace(mapping) for s in m.shape), m.device)
+        if isinstance(m, SymMeta):
+            e = to_expr(m.expr).xreplace(mapping)
+            return SymMeta(sympy.simplify(e) if e.free_symbols == set() and not e.is_Number else e, m.pytype)
+        return m
+    return map_leaves(meta, leaf)
 
 
 def _substitute_in_place(graph: Graph, mapping: dict) -> None:

@@ -14,10 +14,11 @@ import re
 import sympy
 import torch
 
-from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, map_nodes, meta_of_value
+from ..ir import Graph, Node, SymMeta, TensorMeta, format_meta, iter_instances, map_nodes, meta_of_value
+from ..ops import is_pointwise, target_name
 from .context import ShapeContext, ShapeInferenceError, to_expr
-from .kernels import describe_op, probe_dtype
-from .rules import RULES, SCALAR_RULES, NoRule, bind, elementwise, is_elementwise
+from .kernels import map_leaves, probe_dtype
+from .rules import RULES, SCALAR_RULES, NoRule, bind, elementwise
 
 log = logging.getLogger("rewrite")
 
@@ -29,15 +30,13 @@ class ShapeMismatch(ShapeInferenceError):
 
 
 def simplify_meta(meta, ctx: ShapeContext):
-    if isinstance(meta, TensorMeta):
-        if meta.shape is None:
-            return meta
-        return TensorMeta(meta.dtype, tuple(ctx.simplify(s) for s in meta.shape), meta.device)
-    if isinstance(meta, SymMeta):
-        return SymMeta(ctx.simplify(meta.expr), meta.pytype)
-    if isinstance(meta, (tuple, list)):
-        return tuple(simplify_meta(m, ctx) for m in meta)
-    return meta
+    def leaf(m):
+        if isinstance(m, TensorMeta) and m.shape is not None:
+            return TensorMeta(m.dtype, tuple(ctx.simplify(s) for s in m.shape), m.device)
+        if isinstance(m, SymMeta):
+            return SymMeta(ctx.simplify(m.expr), m.pytype)
+        return m
+    return map_leaves(meta, leaf)
 
 
 def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool | None = None):
@@ -53,7 +52,7 @@ def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool | Non
     """
     ctx = ShapeContext.of(symbols)
     kwargs = dict(kwargs or {})
-    op = describe_op(target)
+    op = target_name(target)
     if use_rules is None:
         use_rules = ctx.use_rules
     if target is operator.getitem:
@@ -101,7 +100,7 @@ def _by_hand_rule(target, args, kwargs, ctx: ShapeContext, op: str):
         rule = RULES.get(target)
         if rule is not None:
             return simplify_meta(rule(ctx, bind(target, args, kwargs), op), ctx)
-        if is_elementwise(target):
+        if is_pointwise(target):
             return simplify_meta(elementwise(ctx, target, args, kwargs), ctx)
     except NoRule:
         pass
@@ -116,13 +115,7 @@ def _describe(args, kwargs) -> str:
 
 
 def _has_unknown_rank(obj) -> bool:
-    if isinstance(obj, TensorMeta):
-        return obj.shape is None
-    if isinstance(obj, (tuple, list)):
-        return any(_has_unknown_rank(x) for x in obj)
-    if isinstance(obj, dict):
-        return any(_has_unknown_rank(x) for x in obj.values())
-    return False
+    return any(t.shape is None for t in iter_instances(obj, TensorMeta))
 
 
 def _unknown_rank_meta(target, args, kwargs, ctx: ShapeContext):
@@ -139,9 +132,10 @@ def _unknown_rank_meta(target, args, kwargs, ctx: ShapeContext):
             results.append(probe_dtype(target, args, kwargs, unknown_rank=rank))
         except Exception:
             continue
-    device = next((t.device for t in _tensor_metas((args, kwargs))), torch.device("cpu"))
+    tensors = list(iter_instances((args, kwargs), TensorMeta))
+    device = tensors[0].device if tensors else torch.device("cpu")
     if not results:
-        first = next(iter(_tensor_metas((args, kwargs))))
+        first = tensors[0]
         return TensorMeta(first.dtype, None, device)
 
     minted = itertools.count()  # numbers the sizes minted here, for stable names
@@ -162,10 +156,6 @@ def _unknown_rank_meta(target, args, kwargs, ctx: ShapeContext):
         return meta_of_value(head)
 
     return merge(results)
-
-
-def _tensor_metas(obj):
-    return iter_instances(obj, TensorMeta)
 
 
 # -- graphs ----------------------------------------------------------------------------------
@@ -230,16 +220,10 @@ def infer_graph(graph: Graph, symbols=None, *, check: bool = False, strict: bool
         finally:
             ctx.site = outer_site
         if check and node.meta is not None and not metas_agree(meta, node.meta, ctx):
-            raise ShapeMismatch(f"node {node} ({node.op}) in graph {graph.name}: inferred {_fmt(meta)}, "
-                                f"recorded {_fmt(node.meta)}")
+            raise ShapeMismatch(f"node {node} ({node.op}) in graph {graph.name}: inferred {format_meta(meta)}, "
+                                f"recorded {format_meta(node.meta)}")
         node.meta = meta
 
 
 def _site(graph: Graph, node: Node) -> str:
     return re.sub(r"\W+", "_", f"{graph.name}_{node.name}").strip("_")
-
-
-def _fmt(meta) -> str:
-    if isinstance(meta, (tuple, list)):
-        return "(" + ", ".join(_fmt(m) for m in meta) + ")"
-    return str(meta)

@@ -17,20 +17,30 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
-from ..ir import MIN_INT64, SymMeta, TensorMeta
+from ..ir import MIN_INT64, SymMeta, TensorMeta, iter_metas
+from ..ops import target_name
 from .context import ShapeInferenceError, to_expr
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["KernelRunner", "probe_dtype", "describe_op"]
+__all__ = ["KernelRunner", "probe_dtype", "map_leaves"]
 
 _PRIMES = [p for p in range(11, 2000) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
 
 
-def describe_op(target) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)
-    return getattr(target, "__name__", None) or repr(target)
+def map_leaves(obj, fn):
+    """Rebuild a nested tuple/list/dict structure with every other value replaced by ``fn(value)``.
+
+    `ir.map_nodes` maps only the `Node`s of an args structure; this maps every leaf, for
+    arguments that hold metas (lifted to fake tensors here) or nodes and subgraphs (lowered to FX).
+    """
+    if isinstance(obj, tuple):
+        return tuple(map_leaves(x, fn) for x in obj)
+    if isinstance(obj, list):
+        return [map_leaves(x, fn) for x in obj]
+    if isinstance(obj, dict):
+        return {k: map_leaves(v, fn) for k, v in obj.items()}
+    return fn(obj)
 
 
 class KernelRunner:
@@ -87,27 +97,22 @@ class KernelRunner:
         size = [self._int(s) for s in meta.shape]
         return torch.empty(size, dtype=meta.dtype, device=meta.device)
 
+    def _lift(self, x):
+        """An argument leaf as the kernel takes it: metas and sizes become fake tensors and SymInts."""
+        if isinstance(x, TensorMeta):
+            return self._tensor(x)
+        if isinstance(x, SymMeta):
+            return self._scalar(x)
+        if isinstance(x, sympy.Expr):
+            return self._int(x)
+        return x
+
     # -- running -----------------------------------------------------------------------------
     def run(self, target, args, kwargs):
         """The op's output metas, computed by its meta kernel."""
-        def lift(x):
-            if isinstance(x, TensorMeta):
-                return self._tensor(x)
-            if isinstance(x, SymMeta):
-                return self._scalar(x)
-            if isinstance(x, sympy.Expr):
-                return self._int(x)
-            if isinstance(x, tuple):
-                return tuple(lift(v) for v in x)
-            if isinstance(x, list):
-                return [lift(v) for v in x]
-            if isinstance(x, dict):
-                return {k: lift(v) for k, v in x.items()}
-            return x
-
         before = dict(self.shape_env.replacements)
         with self.mode:
-            fake_args, fake_kwargs = lift(args), lift(kwargs)
+            fake_args, fake_kwargs = map_leaves((args, kwargs), self._lift)
             out = target(*fake_args, **fake_kwargs)
         self._check_no_specialization(target, before)
         return self._rename_data_dependent(self._metas(out))
@@ -136,7 +141,7 @@ class KernelRunner:
                 continue
             if to_expr(v).is_Number:
                 raise ShapeInferenceError(
-                    f"{describe_op(target)}: its meta kernel only works when {s} == {v}; the shape is "
+                    f"{target_name(target)}: its meta kernel only works when {s} == {v}; the shape is "
                     "not symbolic in that size (give the op a hand rule or make the size static)")
 
     def _metas(self, out):
@@ -161,23 +166,23 @@ class KernelRunner:
 
 
 def _free_symbols(metas) -> set:
-    if isinstance(metas, TensorMeta):
-        return set().union(*(to_expr(d).free_symbols for d in metas.shape or ()))
-    if isinstance(metas, SymMeta):
-        return set(to_expr(metas.expr).free_symbols)
-    if isinstance(metas, (tuple, list)):
-        return set().union(*(_free_symbols(m) for m in metas))
-    return set()
+    syms = set()
+    for m in iter_metas(metas):
+        if isinstance(m, TensorMeta):
+            syms.update(*(to_expr(d).free_symbols for d in m.shape or ()))
+        elif isinstance(m, SymMeta):
+            syms.update(to_expr(m.expr).free_symbols)
+    return syms
 
 
 def _xreplace(metas, mapping):
-    if isinstance(metas, TensorMeta):
-        return TensorMeta(metas.dtype, tuple(to_expr(d).xreplace(mapping) for d in metas.shape), metas.device)
-    if isinstance(metas, SymMeta):
-        return SymMeta(to_expr(metas.expr).xreplace(mapping), metas.pytype)
-    if isinstance(metas, (tuple, list)):
-        return tuple(_xreplace(m, mapping) for m in metas)
-    return metas
+    def leaf(m):
+        if isinstance(m, TensorMeta):
+            return TensorMeta(m.dtype, tuple(to_expr(d).xreplace(mapping) for d in m.shape), m.device)
+        if isinstance(m, SymMeta):
+            return SymMeta(to_expr(m.expr).xreplace(mapping), m.pytype)
+        return m
+    return map_leaves(metas, leaf)
 
 
 def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
@@ -209,14 +214,13 @@ def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
             return int(x) if x.is_Integer else 1
         if isinstance(x, torch.device):
             return torch.device("meta")
-        if isinstance(x, (tuple, list)):
-            return type(x)(lift(v) for v in x)
         return x
 
     key = _probe_key(target, args, kwargs, unknown_rank)
     if key is not None and key in _probe_cache:
         return _probe_cache[key]
-    out = target(*lift(tuple(args)), **{k: lift(v) for k, v in kwargs.items()})
+    probe_args, probe_kwargs = map_leaves((tuple(args), kwargs), lift)
+    out = target(*probe_args, **probe_kwargs)
     if key is not None and len(_probe_cache) < 4096:
         _probe_cache[key] = out
     return out

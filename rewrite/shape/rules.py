@@ -17,11 +17,12 @@ import torch
 from torch._prims_common import get_computation_dtype
 from torch.utils._sympy.functions import FloorDiv, Mod
 
-from ..ir import SymMeta, TensorMeta
+from .. import ops
+from ..ir import SymMeta, TensorMeta, iter_instances
 from .context import ShapeContext, ShapeInferenceError, to_expr
 from .kernels import probe_dtype
 
-__all__ = ["NoRule", "RULES", "SCALAR_RULES", "is_elementwise", "elementwise", "bind", "broadcast"]
+__all__ = ["NoRule", "RULES", "SCALAR_RULES", "elementwise", "bind", "broadcast"]
 
 aten = torch.ops.aten
 
@@ -39,20 +40,10 @@ class Args:
 
 def bind(target: torch._ops.OpOverload, args, kwargs) -> Args:
     """Bind positional and keyword arguments to the schema's names, filling in defaults."""
-    values = {}
-    schema_args = target._schema.arguments
-    if len(args) > len(schema_args):
-        raise ShapeInferenceError(f"{target}: {len(args)} positional arguments, the schema takes {len(schema_args)}")
-    for i, arg in enumerate(schema_args):
-        if i < len(args) and not arg.kwarg_only:
-            values[arg.name] = args[i]
-        elif arg.name in kwargs:
-            values[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            values[arg.name] = arg.default_value
-        else:
-            raise ShapeInferenceError(f"{target}: missing argument {arg.name!r}")
-    return Args(values)
+    try:
+        return Args(ops.bind_arguments(target, args, kwargs))
+    except ops.OpError as e:
+        raise ShapeInferenceError(str(e)) from None
 
 
 # -- small helpers ---------------------------------------------------------------------------
@@ -142,19 +133,11 @@ def _broadcast_pair(ctx: ShapeContext, a, b, op: str):
     return ctx.simplify(sympy.Max(a, b))
 
 
-def _tensors(values):
-    for v in values:
-        if isinstance(v, TensorMeta):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            yield from _tensors(v)
-
-
 def _device(args, kwargs):
     dev = kwargs.get("device")
     if dev is not None:
         return torch.device(dev)
-    tensors = list(_tensors(list(args) + list(kwargs.values())))
+    tensors = list(iter_instances((args, kwargs), TensorMeta))
     for t in tensors:
         if t.shape is None or len(t.shape) > 0:
             return t.device
@@ -171,15 +154,9 @@ def _reduction_dtype(x: TensorMeta, dtype, integer_to_long: bool):
 
 # -- elementwise -----------------------------------------------------------------------------
 
-def is_elementwise(target) -> bool:
-    """Pointwise ATen ops without mutation: output shape is the broadcast of the tensor inputs."""
-    return (isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
-            and not target._schema.is_mutable
-            and all(r.type.kind() == "TensorType" for r in target._schema.returns))
-
-
 def elementwise(ctx: ShapeContext, target, args, kwargs):
-    tensors = list(_tensors(list(args) + list(kwargs.values())))
+    """Pointwise ops (`ops.is_pointwise`): the output shape is the broadcast of the tensor inputs."""
+    tensors = list(iter_instances((args, kwargs), TensorMeta))
     if not tensors:
         raise NoRule
     shape = broadcast(ctx, [t.shape for t in tensors], str(target))
@@ -652,70 +629,50 @@ def assert_scalar(ctx, a, op):
     return None
 
 
-def _table(*pairs):
-    table = {}
-    for ops, rule in pairs:
-        for o in ops:
-            table[o] = rule
-    return table
-
-
-def _ops(*names):
-    """Overloads by ``name.overload``, skipping those this torch build lacks."""
-    out = []
-    for n in names:
-        packet, overload = n.split(".")
-        op = getattr(getattr(aten, packet, None), overload, None)
-        if op is not None:
-            out.append(op)
-    return out
-
-
-RULES = _table(
-    (_ops("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default"), reshape),
-    (_ops("permute.default", "permute_copy.default"), permute),
-    (_ops("transpose.int", "transpose_copy.int"), transpose),
-    (_ops("t.default", "t_copy.default"), t),
-    (_ops("expand.default", "expand_copy.default"), expand),
-    (_ops("unsqueeze.default", "unsqueeze_copy.default"), unsqueeze),
-    (_ops("squeeze.dim", "squeeze.dims", "squeeze.default", "squeeze_copy.dim", "squeeze_copy.dims"), squeeze),
-    (_ops("cat.default"), cat),
-    (_ops("slice.Tensor", "slice_copy.Tensor"), slice_),
-    (_ops("constant_pad_nd.default"), constant_pad_nd),
-    (_ops("select.int", "select_copy.int"), select),
-    (_ops("index_select.default"), index_select),
-    (_ops("gather.default"), gather),
-    (_ops("embedding.default"), embedding),
-    (_ops("_softmax.default", "_log_softmax.default", "softmax.int", "log_softmax.int"), softmax),
-    (_ops("native_layer_norm.default"), native_layer_norm),
-    (_ops("sum.dim_IntList", "sum.default", "prod.dim_int", "prod.default"), sum_like),
-    (_ops("mean.dim", "mean.default"), mean_like),
-    (_ops("var.correction", "var.dim", "std.correction", "std.dim"), var_like),
-    (_ops("amax.default", "amin.default"), minmax_like),
-    (_ops("any.dim", "any.dims", "any.default", "all.dim", "all.dims", "all.default"), any_like),
-    (_ops("argmax.default", "argmin.default"), arg_like),
-    (_ops("max.dim", "min.dim"), max_dim),
-    (_ops("mm.default"), mm),
-    (_ops("bmm.default"), bmm),
-    (_ops("addmm.default"), addmm),
-    (_ops("baddbmm.default"), baddbmm),
-    (_ops("matmul.default"), matmul),
-    (_ops("clone.default", "alias.default", "detach.default", "lift_fresh_copy.default", "contiguous.default",
-          "_to_copy.default", "full_like.default", "zeros_like.default", "ones_like.default", "empty_like.default",
-          "rand_like.default", "randn_like.default"), like),
-    (_ops("full.default"), full),
-    (_ops("zeros.default", "ones.default", "empty.memory_format", "rand.default", "randn.default"), factory),
-    (_ops("new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default"), new_factory),
-    (_ops("scalar_tensor.default"), scalar_tensor),
-    (_ops("arange.default", "arange.start", "arange.start_step"), arange),
-    (_ops("split_with_sizes.default", "split_with_sizes_copy.default"), split_with_sizes),
-    (_ops("split.Tensor", "split_copy.Tensor"), split),
-    (_ops("scaled_dot_product_attention.default"), sdpa),
-    (_ops("_scaled_dot_product_flash_attention_for_cpu.default"), sdpa_flash_cpu),
-    (_ops("_assert_scalar.default"), assert_scalar),
-    (_ops("_shape_as_tensor.default"), shape_as_tensor),
-    (_ops("sym_size.int"), sym_size),
-    (_ops("sym_numel.default"), sym_numel),
+# Op family -> its rule; single ops after the families.
+RULES = ops.family_table(
+    (ops.RESHAPES, reshape),
+    (ops.PERMUTES, permute),
+    (ops.TRANSPOSES, transpose),
+    (ops.MATRIX_TRANSPOSES, t),
+    (ops.EXPANDS, expand),
+    (ops.UNSQUEEZES, unsqueeze),
+    (ops.SQUEEZES, squeeze),
+    (ops.SLICES, slice_),
+    (ops.SELECTS, select),
+    (ops.SPLITS, split),
+    (ops.SPLITS_WITH_SIZES, split_with_sizes),
+    (ops.SOFTMAXES, softmax),
+    (ops.LAYER_NORMS, native_layer_norm),
+    (ops.SUMS, sum_like),
+    (ops.MEANS, mean_like),
+    (ops.VARIANCES, var_like),
+    (ops.MIN_MAX, minmax_like),
+    (ops.ANY_ALL, any_like),
+    (ops.ARG_REDUCTIONS, arg_like),
+    (ops.MAX_MIN_DIM, max_dim),
+    (ops.ALIASES | ops.COPIES | ops.LIKE_FACTORIES, like),
+    (ops.FULLS, full),
+    (ops.FACTORIES, factory),
+    (ops.NEW_FACTORIES, new_factory),
+    (ops.SCALAR_TENSORS, scalar_tensor),
+    (ops.RANGES, arange),
+    ({aten.cat.default}, cat),
+    ({aten.constant_pad_nd.default}, constant_pad_nd),
+    ({aten.index_select.default}, index_select),
+    ({aten.gather.default}, gather),
+    ({aten.embedding.default}, embedding),
+    ({aten.mm.default}, mm),
+    ({aten.bmm.default}, bmm),
+    ({aten.addmm.default}, addmm),
+    ({aten.baddbmm.default}, baddbmm),
+    ({aten.matmul.default}, matmul),
+    ({aten.scaled_dot_product_attention.default}, sdpa),
+    ({aten._scaled_dot_product_flash_attention_for_cpu.default}, sdpa_flash_cpu),
+    ({aten._assert_scalar.default}, assert_scalar),
+    ({aten._shape_as_tensor.default}, shape_as_tensor),
+    ({aten.sym_size.int}, sym_size),
+    ({aten.sym_numel.default}, sym_numel),
 )
 
 
@@ -745,24 +702,20 @@ def _floordiv(a, b):
     return FloorDiv(a, b) if a.is_integer and b.is_integer else sympy.floor(a / b)
 
 
+_sum = _arith(sympy.Add)
+
 SCALAR_RULES = {
-    operator.add: _arith(operator.add),
-    operator.sub: _arith(operator.sub),
-    operator.mul: _arith(operator.mul),
-    operator.neg: _arith(operator.neg),
+    # Python's operators compute on sympy expressions as they do on numbers.
+    **{fn: _arith(fn) for fn in (operator.add, operator.sub, operator.mul, operator.neg, operator.pow)},
+    **{fn: _arith(relation, bool) for fn, relation in ((operator.eq, sympy.Eq), (operator.ne, sympy.Ne),
+                                                      (operator.lt, sympy.Lt), (operator.le, sympy.Le),
+                                                      (operator.gt, sympy.Gt), (operator.ge, sympy.Ge))},
     operator.floordiv: _arith(_floordiv),
-    operator.mod: _arith(lambda a, b: Mod(a, b)),
-    operator.truediv: _arith(lambda a, b: a / b, float),
-    operator.pow: _arith(operator.pow),
-    operator.eq: _arith(sympy.Eq, bool),
-    operator.ne: _arith(sympy.Ne, bool),
-    operator.lt: _arith(sympy.Lt, bool),
-    operator.le: _arith(sympy.Le, bool),
-    operator.gt: _arith(sympy.Gt, bool),
-    operator.ge: _arith(sympy.Ge, bool),
+    operator.mod: _arith(Mod),
+    operator.truediv: _arith(operator.truediv, float),
     torch.sym_max: _arith(sympy.Max),
-    torch.sym_sum: lambda ctx, args: _arith(lambda *xs: sympy.Add(*xs))(ctx, tuple(args[0])),
     torch.sym_min: _arith(sympy.Min),
+    torch.sym_sum: lambda ctx, args: _sum(ctx, tuple(args[0])),  # one argument: the list of terms
     torch.sym_float: _arith(lambda a: a, float),
     torch.sym_int: _arith(lambda a: sympy.floor(a) if not a.is_integer else a, int),
     torch.sym_not: _arith(sympy.Not, bool),
