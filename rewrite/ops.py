@@ -409,3 +409,8 @@ def family_table(*pairs) -> dict:
         for target in family:
             table[target] = rule
     return table
+
+
+# Every reduction over dims, whatever the position of its dim and keepdim arguments (bind them by name).
+REDUCTIONS = (SUMS | MEANS | VARIANCES | VARIANCE_MEANS | MIN_MAX | ANY_ALL | ARG_REDUCTIONS | MAX_MIN_DIM
+              | FULL_MAX_MIN | LOGSUMEXP)

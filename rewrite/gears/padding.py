@@ -11,18 +11,22 @@ forward dataflow over the IR. Each value gets one state per symbol:
   with the dims after it, as ``[s, 32, 384] -> [32*s, 384]`` before a matmul does);
 * ``SYM``: a scalar whose value depends on ``s`` (size arithmetic); it may only feed shape arguments.
 
-Each op's transfer function is in `_TRANSFER`; an op not in the table that touches a
-non-``INDEP`` value stops the proof with a reason naming the node, and padding is refused.
+Each op family's transfer function is in `_TRANSFER` (pointwise ops share one); an op not in the
+table that touches a non-``INDEP`` value stops the proof with a reason naming the node, and padding
+is refused.
 """
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import sympy
 import torch
 
-from ..ir import Graph, Node, SymMeta, TensorMeta
-from ..ops import SIZE_ARITHMETIC
+from .. import ops
+from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas, map_nodes
+
+aten = torch.ops.aten
 
 __all__ = ["plan_padding", "row_states", "NotRowwise", "Row", "INDEP", "SYM", "Padder"]
 
@@ -102,17 +106,15 @@ def _norm(d: int, rank: int) -> int:
     return d % rank if rank else 0
 
 
-def _arg(node: Node, index: int, name: str, default=None):
-    """An argument by position or keyword (ATen schemas name every argument)."""
-    if index < len(node.args):
-        return node.args[index]
-    return node.kwargs.get(name, default)
+def _bound(node: Node) -> dict:
+    """The node's arguments by schema name, defaults filled in (in schema order)."""
+    return ops.bind_arguments(node.target, node.args, node.kwargs)
 
 
-# -- transfer functions: (node, states of its args (same nesting as node.args), s) -> state ------
+# -- transfer functions: (node, its args with each node replaced by its state, s) -> state --------
 
 def _tensor_states(node, states) -> list:
-    """States of the tensor inputs, flattened."""
+    """(input node, its state) pairs, flattened: ``node.args`` and ``states`` walked side by side."""
     out = []
 
     def walk(a, st):
@@ -151,34 +153,30 @@ def _identity(node, states, s):
     return st
 
 
-def _reduction(dim_index, keepdim_index, all_if_empty=True):
-    """Reductions over ``args[dim_index]``: fine unless the row dim is reduced."""
-    def transfer(node, states, s):
-        st = states[0]
-        _check_no_sym(node, _tensor_states(node, states))
-        if not isinstance(st, Row):
-            return INDEP
-        rank = len(node.args[0].meta.shape)
-        dims = _arg(node, dim_index, "dim")
-        dims = [dims] if isinstance(dims, int) else list(dims or [])
-        dims = [_norm(d, rank) for d in dims] if dims or not all_if_empty else list(range(rank))
-        if st.dim in dims:
-            raise NotRowwise(f"node %{node.name} ({node.op}) reduces across the rows of {s} (dim {st.dim})")
-        keepdim = keepdim_index is not None and bool(_arg(node, keepdim_index, "keepdim", False))
-        new = Row(st.dim if keepdim else st.dim - sum(d < st.dim for d in dims), st.k)
-        return tuple(new for _ in node.meta) if isinstance(node.meta, tuple) else new
-    return transfer
+def _reduction(node, states, s):
+    """Reductions over ``dim`` (all dims when there is none): fine unless the row dim is reduced."""
+    st = states[0]
+    _check_no_sym(node, _tensor_states(node, states))
+    if not isinstance(st, Row):
+        return INDEP
+    rank = len(node.args[0].meta.shape)
+    args = _bound(node)
+    dims = args.get("dim")
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    dims = [_norm(d, rank) for d in dims] if dims else list(range(rank))
+    if st.dim in dims:
+        raise NotRowwise(f"node %{node.name} ({node.op}) reduces across the rows of {s} (dim {st.dim})")
+    new = Row(st.dim if args.get("keepdim", False) else st.dim - sum(d < st.dim for d in dims), st.k)
+    return tuple(new for _ in node.meta) if isinstance(node.meta, tuple) else new
 
 
-def _along_dim(dim_index):
+def _along_dim(node, states, s):
     """Shape-keeping ops that mix values along one dim (softmax, cumsum): fine off the row dim."""
-    def transfer(node, states, s):
-        st = states[0]
-        _check_no_sym(node, _tensor_states(node, states))
-        if isinstance(st, Row) and _norm(_arg(node, dim_index, "dim"), len(node.meta.shape)) == st.dim:
-            raise NotRowwise(f"node %{node.name} ({node.op}) mixes values along the rows of {s}")
-        return st
-    return transfer
+    st = states[0]
+    _check_no_sym(node, _tensor_states(node, states))
+    if isinstance(st, Row) and _norm(_bound(node)["dim"], len(node.meta.shape)) == st.dim:
+        raise NotRowwise(f"node %{node.name} ({node.op}) mixes values along the rows of {s}")
+    return st
 
 
 def _layer_norm(node, states, s):
@@ -275,7 +273,7 @@ def _transpose(node, states, s):
     if not isinstance(st, Row):
         return st
     rank = len(node.meta.shape)
-    a, b = (_norm(d, rank) for d in node.args[1:3]) if node.op != "aten.t.default" else (0, 1)
+    a, b = (0, 1) if node.target in ops.MATRIX_TRANSPOSES else (_norm(d, rank) for d in node.args[1:3])
     return Row(b if st.dim == a else a if st.dim == b else st.dim, st.k)
 
 
@@ -296,8 +294,9 @@ def _squeeze(node, states, s):
 
 def _slice(node, states, s):
     st = states[0]
+    args = _bound(node)
     if not isinstance(st, Row):
-        start, step = _arg(node, 2, "start", 0), _arg(node, 4, "step", 1)
+        start, step = args["start"], args["step"]
         if any(x is SYM for x in states[1:]):
             # The first s entries of a table (position ids): row i is entry i whatever the padding.
             if start in (0, None) and step == 1 and states[3] is SYM:
@@ -305,7 +304,7 @@ def _slice(node, states, s):
             raise NotRowwise(f"node %{node.name} ({node.op}) slices by a size that depends on {s}")
         return st
     rank = len(node.args[0].meta.shape)
-    dim = _norm(_arg(node, 1, "dim", 0), rank)
+    dim = _norm(args["dim"], rank)
     if dim != st.dim:
         if any(x is SYM for x in states[1:]):
             raise NotRowwise(f"node %{node.name} ({node.op}) slices by a size that depends on {s}")
@@ -352,7 +351,7 @@ def _cat(node, states, s):
     rows = [st for n, st in zip(tensors, states[0]) if not _empty_1d(n)]
     if not any(isinstance(st, Row) for st in rows):
         return INDEP
-    dim = _norm(_arg(node, 1, "dim", 0), len(node.meta.shape))
+    dim = _norm(_bound(node)["dim"], len(node.meta.shape))
     if len(set(rows)) != 1 or rows[0].dim == dim:
         raise NotRowwise(f"node %{node.name} ({node.op}) concatenates across or mixes the rows of {s}")
     return rows[0]
@@ -367,7 +366,7 @@ def _split(node, states, s):
     st = states[0]
     if not isinstance(st, Row):
         return tuple(st for _ in node.meta)
-    dim = _norm(_arg(node, 2, "dim", 0), len(node.args[0].meta.shape))
+    dim = _norm(_bound(node)["dim"], len(node.args[0].meta.shape))
     if dim == st.dim:
         raise NotRowwise(f"node %{node.name} ({node.op}) splits the rows of {s}")
     return tuple(st for _ in node.meta)
@@ -375,25 +374,18 @@ def _split(node, states, s):
 
 def _factory(node, states, s):
     """zeros/ones/full/empty/arange over sizes: the same value in every row (arange: the row index)."""
-    if node.op.startswith("aten.arange"):
-        start = node.args[0] if node.op != "aten.arange.default" else 0
-        step = node.args[2] if node.op == "aten.arange.start_step" and len(node.args) > 2 else 1
-        if any(x is SYM for x in states) and (start != 0 or step != 1):
+    args = _bound(node)
+    if node.target in ops.RANGES:
+        if any(x is SYM for x in states) and (args.get("start", 0) != 0 or args.get("step", 1) != 1):
             raise NotRowwise(f"node %{node.name} ({node.op}) counts with a start or step depending on {s}")
         return _row_of_shape(_shape(node.meta), s) or INDEP
-    for i, st in enumerate(states):
-        if st is SYM and not _is_size_arg(node, i):
+    shaped_like_input = node.target in ops.LIKE_FACTORIES | ops.NEW_FACTORIES
+    for name, st in zip(args, states):  # schema order: the i-th name is the i-th positional argument's
+        if st is SYM and name not in ("size", "end", "start"):
             raise NotRowwise(f"node %{node.name} ({node.op}) fills with a value that depends on {s}")
-        if isinstance(st, Row) and not node.op.endswith("_like.default") and not node.op.startswith("aten.new_"):
+        if isinstance(st, Row) and not shaped_like_input:
             raise NotRowwise(f"node %{node.name} ({node.op}) reads rows of {s}")
     return _row_of_shape(_shape(node.meta), s) or INDEP
-
-
-def _is_size_arg(node, i) -> bool:
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload) and i < len(t._schema.arguments):
-        return t._schema.arguments[i].name in ("size", "end", "start")
-    return False
 
 
 def _getitem(node, states, s):
@@ -405,87 +397,53 @@ def _size_arith(node, states, s):
     return SYM if isinstance(node.meta, SymMeta) and _has(node.meta.expr, s) else INDEP
 
 
-# op name -> transfer function; ops not listed (and not pointwise) stop the proof.
-_TRANSFER = {}
-for _names, _fn in [
-    (("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.view_copy.default"), _view),
-    (("aten.expand.default",), _expand),
-    (("aten.permute.default",), _permute),
-    (("aten.transpose.int", "aten.t.default"), _transpose),
-    (("aten.unsqueeze.default",), _unsqueeze),
-    (("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"), _squeeze),
-    (("aten.slice.Tensor",), _slice),
-    (("aten.select.int",), _select),
-    (("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten._to_copy.default",
-          "aten.lift_fresh_copy.default", "aten.contiguous.default"), _identity),
-    (("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default",
-          "aten.any.dim", "aten.any.dims", "aten.all.dim", "aten.logsumexp.default", "aten.prod.dim_int",
-          "aten.max.dim", "aten.min.dim", "aten.argmax.default", "aten.argmin.default"), _reduction(1, 2)),
-    (("aten.var.correction", "aten.std.correction", "aten.var_mean.correction"), _reduction(1, 3)),
-    (("aten.sum.default", "aten.mean.default", "aten.max.default", "aten.min.default"),
-     _reduction(99, None)),
-    (("aten._softmax.default", "aten._log_softmax.default", "aten.softmax.int", "aten.log_softmax.int",
-          "aten.cumsum.default", "aten.cumprod.default", "aten.sort.default"), _along_dim(1)),
-    (("aten.native_layer_norm.default",), _layer_norm),
-    (("aten.mm.default", "aten.addmm.default"), _mm),
-    (("aten.bmm.default",), _bmm),
-    (("aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.scaled_dot_product_attention.default",
-          "aten._scaled_dot_product_efficient_attention.default", "aten._scaled_dot_product_flash_attention.default",
-          "aten._scaled_dot_product_cudnn_attention.default"), _attention),
-    (("aten.embedding.default",), _embedding),
-    (("aten.index_select.default",), _index_select),
-    (("aten.cat.default",), _cat),
-    (("aten.split_with_sizes.default", "aten.split.Tensor", "aten.chunk.default"), _split),
-    (("aten.arange.default", "aten.arange.start", "aten.arange.start_step", "aten.zeros.default",
-          "aten.ones.default", "aten.full.default", "aten.empty.memory_format", "aten.new_zeros.default",
-          "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default", "aten.zeros_like.default",
-          "aten.ones_like.default", "aten.full_like.default", "aten.empty_like.default", "aten.scalar_tensor.default"),
-     _factory),
-    (("getitem",), _getitem),
-    (("aten.sym_size.int", "aten.sym_numel.default", "aten.sym_stride.int"), _size_arith),
-]:
-    for _n in _names:
-        _TRANSFER[_n] = _fn
+# Factories whose values are the same in every run: a random one would draw other numbers once padded.
+_DETERMINISTIC_FACTORIES = frozenset(t for t in ops.FACTORIES | ops.LIKE_FACTORIES if not ops.is_nondeterministic(t))
+
+# Op family -> transfer function, single ops after the families; other ops (not pointwise) stop the proof.
+_TRANSFER = ops.family_table(
+    (ops.RESHAPES, _view),
+    (ops.EXPANDS, _expand),
+    (ops.PERMUTES, _permute),
+    (ops.TRANSPOSES | ops.MATRIX_TRANSPOSES, _transpose),
+    (ops.UNSQUEEZES, _unsqueeze),
+    (ops.SQUEEZES, _squeeze),
+    (ops.SLICES, _slice),
+    (ops.SELECTS, _select),
+    (ops.ALIASES | ops.COPIES, _identity),
+    (ops.REDUCTIONS, _reduction),
+    (ops.SOFTMAXES | ops.SCANS | ops.SORTS, _along_dim),
+    (ops.LAYER_NORMS, _layer_norm),
+    (ops.ATTENTION, _attention),
+    (ops.SPLITS | ops.SPLITS_WITH_SIZES | {aten.chunk.default}, _split),
+    (ops.RANGES | ops.FULLS | ops.SCALAR_TENSORS | ops.NEW_FACTORIES | _DETERMINISTIC_FACTORIES, _factory),
+    (ops.SIZE_QUERIES | ops.SIZE_ARITHMETIC, _size_arith),
+    ({aten.mm.default, aten.addmm.default}, _mm),
+    ({aten.bmm.default}, _bmm),
+    ({aten.embedding.default}, _embedding),
+    ({aten.index_select.default}, _index_select),
+    ({aten.cat.default}, _cat),
+    ({operator.getitem}, _getitem),
+    # they broadcast like pointwise ops, though masked_fill.Tensor carries no pointwise tag
+    ({aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor}, _pointwise),
+)
 
 
 def _transfer_for(node: Node):
-    name = node.op
-    if name in _TRANSFER:
-        return _TRANSFER[name]
-    if node.target in SIZE_ARITHMETIC:
-        return _size_arith
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags and not t._schema.is_mutable:
+    transfer = _TRANSFER.get(node.target)
+    if transfer is None and ops.is_pointwise(node.target):
         return _pointwise
-    if name in ("aten.where.self", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor"):
-        return _pointwise
-    return None
-
-
-def _map_states(obj, env):
-    if isinstance(obj, Node):
-        return env[obj.id]
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_states(x, env) for x in obj)
-    return INDEP
+    return transfer
 
 
 def _touches(meta, s) -> bool:
-    if isinstance(meta, TensorMeta):
-        return any(_has(x, s) for x in meta.shape)
-    if isinstance(meta, SymMeta):
-        return _has(meta.expr, s)
-    if isinstance(meta, (tuple, list)):
-        return any(_touches(m, s) for m in meta)
+    """Whether the value's shape or size value mentions ``s``."""
+    for m in iter_metas(meta):
+        if isinstance(m, TensorMeta) and any(_has(x, s) for x in m.shape):
+            return True
+        if isinstance(m, SymMeta) and _has(m.expr, s):
+            return True
     return False
-
-
-def _flat(states):
-    if isinstance(states, (tuple, list)):
-        for x in states:
-            yield from _flat(x)
-    else:
-        yield states
 
 
 def row_states(graph: Graph, s) -> dict:
@@ -512,8 +470,8 @@ def row_states(graph: Graph, s) -> dict:
             continue
         if node.kind == "output":
             continue
-        states = _map_states(node.args, env)
-        if not any(x is not INDEP for x in _flat(states)) and not _touches(node.meta, s):
+        states = map_nodes(node.args, lambda n: env[n.id])
+        if all(x is INDEP for x in iter_instances(states, (Row, _Marker))) and not _touches(node.meta, s):
             env[node.id] = INDEP
             continue
         transfer = _transfer_for(node)
