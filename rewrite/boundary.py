@@ -15,23 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .ir import Graph, Node
+from .ir import Graph, Node, iter_nodes, map_nodes
+from .ops import returns_view
 
 __all__ = ["alias_base", "keep_outputs_fresh", "views_as_reshapes"]
-
-
-def _is_view_op(node: Node) -> bool:
-    """Whether the op's result may share its first input's memory (schema alias annotation).
-
-    ``_unsafe_view`` has none (autograd treats it as fresh), yet its result shares memory.
-    """
-    t = node.target
-    if t is torch.ops.aten._unsafe_view.default:
-        return True
-    if not isinstance(t, torch._ops.OpOverload) or not t._schema.returns:
-        return False
-    info = t._schema.returns[0].alias_info
-    return info is not None and not info.is_write
 
 
 def alias_base(node):
@@ -39,7 +26,7 @@ def alias_base(node):
     while isinstance(node, Node):
         if node.kind in ("placeholder", "constant"):
             return node
-        if node.kind != "call" or not _is_view_op(node):
+        if node.kind != "call" or not returns_view(node.target):
             return None
         tensors = [a for a in node.args if isinstance(a, Node)]
         if not tensors:
@@ -48,46 +35,28 @@ def alias_base(node):
     return None
 
 
-def _output_leaves(graph: Graph) -> list:
-    out: list = []
-    _map_leaves(graph.outputs, lambda leaf: out.append(leaf) or leaf)
-    return out
-
-
-def _map_leaves(obj, fn):
-    """Rebuild a nested output structure with ``fn`` applied to each leaf, in order."""
-    if isinstance(obj, tuple):
-        return tuple(_map_leaves(x, fn) for x in obj)
-    if isinstance(obj, list):
-        return [_map_leaves(x, fn) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _map_leaves(v, fn) for k, v in obj.items()}
-    return fn(obj)
-
-
 def keep_outputs_fresh(before: Graph, after: Graph) -> int:
     """Clone outputs of ``after`` that alias memory where ``before``'s outputs did not.
 
     ``before`` and ``after`` are the graph before and after optimization (same output structure),
-    compared position by position. A position gets a clone when its value became an input or
+    compared position by position over the nodes they return (every pass gives a graph output a
+    node, a constant one where it folded the value; a literal output cannot alias). A position gets a clone when its value became an input or
     constant (or a view of one), or when an earlier position now holds the same node although the
     two positions held different nodes before. Positions that shared a node before share a clone.
     Edits ``after`` in place; returns how many clones were added.
     """
-    old, new = _output_leaves(before), _output_leaves(after)
+    old, new = list(iter_nodes(before.outputs)), list(iter_nodes(after.outputs))
     if len(old) != len(new):
         raise ValueError(f"graph {after.name}: optimization changed the number of outputs ({len(old)} -> {len(new)})")
-    first_origin: dict[int, object] = {}  # new node id -> the original leaf of the first position returning it
-    clones: dict[tuple, Node] = {}  # (new node id, original leaf id) -> its clone
+    first_origin: dict[int, Node] = {}  # new node id -> the original node of the first position returning it
+    clones: dict[tuple, Node] = {}  # (new node id, original node id) -> its clone
     chosen: dict[int, Node] = {}  # output position -> clone
     for i, (o, n) in enumerate(zip(old, new)):
-        if not isinstance(n, Node):
-            continue
-        became_alias = alias_base(n) is not None and not (isinstance(o, Node) and alias_base(o) is not None)
+        became_alias = alias_base(n) is not None and alias_base(o) is None
         # Shared: an earlier position returns this very node (not a clone of it) for another original.
         if not became_alias and first_origin.setdefault(n.id, o) is o:
             continue
-        key = (n.id, id(o))
+        key = (n.id, o.id)
         if key not in clones:
             anchor = next(m for m in after.nodes[after.nodes.index(n) + 1:] if m.kind != "placeholder")
             attrs = {"stream": n.attrs["stream"]} if "stream" in n.attrs else {}
@@ -96,10 +65,10 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
     if chosen:
         position = iter(range(len(new)))
 
-        def swap(leaf):
-            return chosen.get(next(position), leaf)
+        def swap(node):
+            return chosen.get(next(position), node)
 
-        after.output.args = (_map_leaves(after.outputs, swap),)
+        after.output.args = (map_nodes(after.outputs, swap),)
     return len(clones)
 
 
