@@ -25,16 +25,13 @@ from __future__ import annotations
 import torch
 
 from ..dsl import RuleSet, aten, dtype_is, is_bool, is_float, is_integer, rule, same_dtype, value_is, variables
+from ..ops import ALL_DTYPES, FLOATS, INTS, SIGNED_INTS
 
 __all__ = ["IDENTITIES", "NEGATION", "IDEMPOTENCE", "COMMUTATIVITY", "RULESETS"]
 
 x, y, c, m = variables("x y c m")
 
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-SIGNED_INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
-INTS = SIGNED_INTS + (torch.uint8,)
 NUMBERS = FLOATS + INTS
-ALL = NUMBERS + (torch.bool,)
 
 
 def numeric(v):
@@ -48,7 +45,7 @@ def signed(v):
 
 def tensor(v):
     """``v`` is a tensor (of any dtype), not a Python scalar in a Tensor position."""
-    return dtype_is(v, *ALL)
+    return dtype_is(v, *ALL_DTYPES)
 
 
 # Identity and absorbing elements: ``c`` is a literal scalar or a constant tensor (value_is).

@@ -28,19 +28,15 @@ import itertools
 import torch
 
 from ..dsl import RuleSet, aten, dtype_is, rule, shape_is, variables
+from ..ops import ALL_DTYPES
 
 __all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "RULESETS"]
 
 x, s, a, b, d, e, m, dt = variables("x s a b d e m dt")
 
-INT64_MAX = 2**63 - 1  # "to the end" as ATen graphs spell a slice bound
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-ALL = FLOATS + INTS + (torch.bool,)
-
 
 def tensor(v):
-    return dtype_is(v, *ALL)
+    return dtype_is(v, *ALL_DTYPES)
 
 
 # -- shape ops that return their input unchanged --------------------------------------------------
@@ -64,7 +60,7 @@ NOOPS = RuleSet("shape.noops", [
 ] + [
     rule(aten._to_copy.default(x, dtype=t), aten.clone.default(x), when=[dtype_is(x, t)],
          name=f"to_copy_same_dtype_{str(t).replace('torch.', '')}")
-    for t in ALL
+    for t in ALL_DTYPES
 ], description="view/reshape/expand to the same shape, identity permute, full slice, single cat, casts to the same dtype")
 
 # -- chains of view-like ops collapse into the last one ---------------------------------------------
