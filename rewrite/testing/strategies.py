@@ -38,8 +38,8 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from .exec.codegen import compile_graph_to_python
-from .ir import Graph, Node, TensorMeta, format_graph
+from ..exec.codegen import compile_graph_to_python
+from ..ir import Graph, Node, TensorMeta, format_graph
 
 log = logging.getLogger("rewrite")
 aten = torch.ops.aten
@@ -499,7 +499,7 @@ def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.d
     extra = draw(st.lists(st.sampled_from(made), max_size=2, unique_by=lambda n: n.id))
     outs = [made[-1]] + [n for n in extra if n is not made[-1]]
     if mutations and draw(st.integers(0, 3)) == 0:
-        from .boundary import alias_base
+        from ..boundary import alias_base
 
         # AOTAutograd's functional form: every input update is a copy_ at the tail, after all reads.
         # Up to two of them, so a pass that reorders updates and reads has something to break.
@@ -854,8 +854,8 @@ class _Instantiator:
 
     # -- walking the pattern ---------------------------------------------------------------------
     def build(self, pattern):
-        from .dsl import OpPattern, Var
-        from .ops import schema_types
+        from ..dsl import OpPattern, Var
+        from ..ops import schema_types
 
         if not isinstance(pattern, OpPattern):
             raise TypeError(f"check_rule: left side must be an op pattern, got {pattern!r}")
@@ -989,7 +989,7 @@ def check_rule(rule, examples: int = 100, dtypes: Sequence[torch.dtype] = ALL_DT
     ``examples``, at least 3) instances could be compared, so a rule whose pattern the checker
     cannot instantiate never passes silently.
     """
-    from .dsl import Rule
+    from ..dsl import Rule
 
     if not isinstance(rule, Rule):
         raise TypeError(f"check_rule takes a rewrite.dsl.Rule, got {type(rule).__name__}")
@@ -1104,7 +1104,7 @@ def check_ruleset_module(module_name: str, examples: int = 100) -> ModuleCheckRe
 
     Used by ``python -m rewrite check-rules MODULE``; ``report.ok`` says whether all rules are sound.
     """
-    from .dsl import RuleSet
+    from ..dsl import RuleSet
 
     try:
         module = importlib.import_module(module_name)
