@@ -14,7 +14,8 @@ import logging
 import sympy
 import torch
 
-from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, map_nodes, meta_of_value
+from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value
+from ..ops import is_mutable, is_nondeterministic, is_overload
 
 log = logging.getLogger("rewrite")
 
@@ -26,26 +27,13 @@ def can_fold(node: Node) -> bool:
     if node.kind != "call" or is_side_effect(node) or node.waits:
         return False
     t = node.target
-    if isinstance(t, torch._ops.HigherOrderOperator):
+    if isinstance(t, torch._ops.HigherOrderOperator) or is_mutable(t) or is_nondeterministic(t):
         return False
-    if isinstance(t, torch._ops.OpOverload):
-        if t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags:
-            return False
+    if is_overload(t):  # empty* leaves its contents unspecified: not reproducible either
         name = t._schema.name
         if "empty" in name or name.startswith("aten::_local_scalar") or t.namespace not in ("aten", "prims"):
             return False
-    return not any(isinstance(a, Graph) for a in _flat(node.args))
-
-
-def _flat(obj):
-    if isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _flat(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _flat(x)
-    else:
-        yield obj
+    return next(iter_instances(node.args, Graph), None) is None
 
 
 def _result_fits(meta, size_limit: int) -> bool:
