@@ -1,8 +1,59 @@
-"""Property-based checking for rules and passes: for now all in `strategies`, to be split by job."""
-from . import strategies as _module
-from .strategies import *  # noqa: F401,F403
-from .strategies import (  # noqa: F401 - public names outside __all__ that callers use
-    GRAPH_DTYPES, MAX_DIM, MAX_RANK, SCALAR_CANDIDATES, OpGen, permutations_of, reshapes, shape_of, shapes, tolerance,
+"""Property-based checking for rules and passes, built on hypothesis.
+
+A rewrite is only worth having if it never changes a result, and the cases that break rewrites
+(NaN, +-inf, -0.0, the extreme integers, odd layouts) are the ones hand-written tests forget. So
+this package draws them on purpose, in three modules:
+
+* `strategies`: `graphs()` draws random valid `Graph`s over the ops in `OPS`; `graph_inputs(graph)`
+  draws inputs for one, seasoned with those special values; `tensors`, `make_tensor`,
+  `special_values` and `infer_meta` are the parts they are made of;
+* `equivalence`: `assert_equivalent(before, after)` runs a graph before and after a pass on the
+  same inputs, on the executor compiled graphs use, and raises an AssertionError naming the input,
+  the output and the elements that differ;
+* `rule_checking`: `check_rule(rule)` / `check_ruleset_module(name)` instantiate a rule's pattern
+  with random shapes, dtypes and values that satisfy its conditions and compare both sides bit for
+  bit (NaN matches NaN, -0.0 must stay -0.0), printing a counterexample when they differ.
+
+Checking a rule of your own::
+
+    from rewrite.dsl import aten, is_float, rule, variables
+    from rewrite.testing import check_rule
+    x, = variables("x")
+    check_rule(rule(aten.mul.Tensor(x, 0.0), aten.zeros_like.default(x), when=[is_float(x)]))
+    # AssertionError: rule ... is unsound: ... expected -0.0, got 0.0
+    # counterexample:  x = float16[]: -0.0
+
+``python -m rewrite check-rules mypkg.my_rules`` does the same for every rule of a module.
+"""
+from .equivalence import assert_equivalent, compare_outputs, compare_tensors, run_graph, tolerance
+from .rule_checking import (
+    SCALAR_CANDIDATES, ModuleCheckReport, RuleCheckReport, check_rule, check_ruleset, check_ruleset_module,
+)
+from .strategies import (
+    ALL_DTYPES, FLOAT_DTYPES, GRAPH_DTYPES, INT_DTYPES, MAX_DIM, MAX_RANK, OPS, OpGen, fuzz_examples,
+    graph_inputs, graphs, infer_meta, make_tensor, permutations_of, reshapes, shape_of, shapes, special_values,
+    tensors,
 )
 
-__all__ = _module.__all__
+__all__ = [
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "ALL_DTYPES",
+    "OPS",
+    "tensors",
+    "graphs",
+    "graph_inputs",
+    "run_graph",
+    "compare_outputs",
+    "assert_equivalent",
+    "check_rule",
+    "check_ruleset",
+    "check_ruleset_module",
+    "RuleCheckReport",
+    "ModuleCheckReport",
+    "fuzz_examples",
+    "make_tensor",
+    "special_values",
+    "infer_meta",
+    "compare_tensors",
+]
