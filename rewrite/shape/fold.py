@@ -21,11 +21,11 @@ import logging
 
 import sympy
 import torch
+from torch.fx.node import map_aggregate
 
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes
 from .context import ShapeContext, to_expr
 from .infer import infer_graph
-from .kernels import map_leaves
 
 log = logging.getLogger("rewrite")
 
@@ -220,7 +220,7 @@ def substitute_meta(meta, mapping: dict):
             e = to_expr(m.expr).xreplace(mapping)
             return SymMeta(sympy.simplify(e) if e.free_symbols == set() and not e.is_Number else e, m.pytype)
         return m
-    return map_leaves(meta, leaf)
+    return map_aggregate(meta, leaf)
 
 
 def _substitute_in_place(graph: Graph, mapping: dict) -> None:

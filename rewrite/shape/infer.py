@@ -13,11 +13,12 @@ import re
 
 import sympy
 import torch
+from torch.fx.node import map_aggregate
 
 from ..ir import Graph, Node, SymMeta, TensorMeta, format_meta, iter_instances, map_nodes, meta_of_value
 from ..ops import is_pointwise, target_name
 from .context import ShapeContext, ShapeInferenceError, to_expr
-from .kernels import map_leaves, probe_dtype
+from .kernels import probe_dtype
 from .rules import RULES, SCALAR_RULES, NoRule, bind, elementwise
 
 log = logging.getLogger("rewrite")
@@ -36,7 +37,7 @@ def simplify_meta(meta, ctx: ShapeContext):
         if isinstance(m, SymMeta):
             return SymMeta(ctx.simplify(m.expr), m.pytype)
         return m
-    return map_leaves(meta, leaf)
+    return map_aggregate(meta, leaf)
 
 
 def infer_meta(target, args, kwargs=None, symbols=None, *, use_rules: bool | None = None):

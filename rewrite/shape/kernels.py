@@ -14,6 +14,7 @@ import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.node import map_aggregate
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -23,24 +24,9 @@ from .context import ShapeInferenceError, to_expr
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["KernelRunner", "probe_dtype", "map_leaves"]
+__all__ = ["KernelRunner", "probe_dtype"]
 
 _PRIMES = [p for p in range(11, 2000) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
-
-
-def map_leaves(obj, fn):
-    """Rebuild a nested tuple/list/dict structure with every other value replaced by ``fn(value)``.
-
-    `ir.map_nodes` maps only the `Node`s of an args structure; this maps every leaf, for
-    arguments that hold metas (lifted to fake tensors here) or nodes and subgraphs (lowered to FX).
-    """
-    if isinstance(obj, tuple):
-        return tuple(map_leaves(x, fn) for x in obj)
-    if isinstance(obj, list):
-        return [map_leaves(x, fn) for x in obj]
-    if isinstance(obj, dict):
-        return {k: map_leaves(v, fn) for k, v in obj.items()}
-    return fn(obj)
 
 
 class KernelRunner:
@@ -112,7 +98,7 @@ class KernelRunner:
         """The op's output metas, computed by its meta kernel."""
         before = dict(self.shape_env.replacements)
         with self.mode:
-            fake_args, fake_kwargs = map_leaves((args, kwargs), self._lift)
+            fake_args, fake_kwargs = map_aggregate((args, kwargs), self._lift)
             out = target(*fake_args, **fake_kwargs)
         self._check_no_specialization(target, before)
         return self._rename_data_dependent(self._metas(out))
@@ -182,7 +168,7 @@ def _xreplace(metas, mapping):
         if isinstance(m, SymMeta):
             return SymMeta(to_expr(m.expr).xreplace(mapping), m.pytype)
         return m
-    return map_leaves(metas, leaf)
+    return map_aggregate(metas, leaf)
 
 
 def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
@@ -219,7 +205,7 @@ def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
     key = _probe_key(target, args, kwargs, unknown_rank)
     if key is not None and key in _probe_cache:
         return _probe_cache[key]
-    probe_args, probe_kwargs = map_leaves((tuple(args), kwargs), lift)
+    probe_args, probe_kwargs = map_aggregate((tuple(args), kwargs), lift)
     out = target(*probe_args, **probe_kwargs)
     if key is not None and len(_probe_cache) < 4096:
         _probe_cache[key] = out
