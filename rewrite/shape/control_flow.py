@@ -19,6 +19,7 @@ import logging
 import re
 
 import sympy
+import torch
 
 from ..ir import Graph, Node, SymMeta, TensorMeta, meta_of_value
 from .context import ShapeContext, ShapeInferenceError, to_expr
@@ -31,14 +32,13 @@ WHILE_FIXPOINT_ROUNDS = 10
 
 
 def infer_higher_order(target, args, kwargs, ctx: ShapeContext):
-    name = target.name()
-    if name == "while_loop":
+    if target is torch.ops.higher_order.while_loop:
         cond, body, carried, additional = _while_args(args, kwargs)
         return infer_while_loop(cond, body, carried, additional, ctx)
-    if name == "cond":
+    if target is torch.ops.higher_order.cond:
         pred, true_graph, false_graph, operands = (list(args) + [kwargs.get("operands", ())])[:4]
         return infer_cond(pred, true_graph, false_graph, operands, ctx)
-    raise ShapeInferenceError(f"higher-order op {name}: no shape rule (known: while_loop, cond)")
+    raise ShapeInferenceError(f"higher-order op {target.name()}: no shape rule (known: while_loop, cond)")
 
 
 def _while_args(args, kwargs):

@@ -24,6 +24,7 @@ import torch
 from torch.fx.node import map_aggregate
 
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes
+from ..ops import is_nondeterministic, is_overload
 from .context import ShapeContext, to_expr
 from .infer import infer_graph
 
@@ -127,9 +128,7 @@ def _shape_tensor_value(node: Node):
     are evaluated when every tensor they read is a constant.
     """
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or is_side_effect(node):
-        return None
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    if not is_overload(target) or is_nondeterministic(target) or is_side_effect(node):
         return None
     if target is torch.ops.aten._shape_as_tensor.default:
         x = node.args[0]
