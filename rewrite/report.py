@@ -63,6 +63,7 @@ class GraphReport:
 class CompileReport:
     graphs: list = dataclasses.field(default_factory=list)
     graph_breaks: int = 0
+    result: object = None  # what the compiled call returned, when `rewrite.explain` made the call
 
     def new_graph(self, name: str) -> GraphReport:
         r = GraphReport(name)
