@@ -28,7 +28,7 @@ import itertools
 import torch
 
 from ..dsl import RuleSet, aten, dtype_is, rule, shape_is, variables
-from ..ops import ALL_DTYPES
+from ..ops import ALL_DTYPES as ALL
 
 __all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "RULESETS"]
 
@@ -36,7 +36,7 @@ x, s, a, b, d, e, m, dt = variables("x s a b d e m dt")
 
 
 def tensor(v):
-    return dtype_is(v, *ALL_DTYPES)
+    return dtype_is(v, *ALL)
 
 
 # -- shape ops that return their input unchanged --------------------------------------------------
@@ -60,7 +60,7 @@ NOOPS = RuleSet("shape.noops", [
 ] + [
     rule(aten._to_copy.default(x, dtype=t), aten.clone.default(x), when=[dtype_is(x, t)],
          name=f"to_copy_same_dtype_{str(t).replace('torch.', '')}")
-    for t in ALL_DTYPES
+    for t in ALL
 ], description="view/reshape/expand to the same shape, identity permute, full slice, single cat, casts to the same dtype")
 
 # -- chains of view-like ops collapse into the last one ---------------------------------------------
