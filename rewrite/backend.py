@@ -23,7 +23,7 @@ from . import exec as rexec
 from . import gears as rgears
 from .config import CompilerConfig, ConfigError
 from .dump import dump_graph
-from .fx_bridge import from_fx
+from .fx_bridge import dynamo_input_names, from_fx
 from .ir import Graph
 from .optimizer import optimize
 from .report import CompileReport
@@ -53,12 +53,8 @@ def decomposition_table() -> dict:
     return table
 
 
-def _is_weight_source(node: torch.fx.Node) -> bool:
-    grapharg = node.meta.get("grapharg")
-    if grapharg is None:
-        return False
-    name = grapharg.source.name
-    name = name() if callable(name) else name
+def _is_weight_source(name: str) -> bool:
+    """Whether Dynamo's source name of a graph input names a module's parameter or buffer."""
     return "._parameters[" in name or "._buffers[" in name
 
 
@@ -81,8 +77,8 @@ class RewriteBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         number = next(_graph_numbers)
         gear_spec = rgears.collect_gear_specs(example_inputs, self.config, gm)
-        weights = [i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
-                   if _is_weight_source(n) or isinstance(example_inputs[i], torch.nn.Parameter)]
+        weights = [i for i, name in enumerate(dynamo_input_names(gm))
+                   if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
 
         def compile_fw(aot_gm, aot_inputs, kind):
             frozen = ()

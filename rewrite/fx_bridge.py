@@ -7,7 +7,7 @@ import torch.fx
 
 from .ir import MIN_INT64, Graph, Node, SymbolInfo, SymMeta, TensorMeta, map_nodes
 
-__all__ = ["from_fx", "to_fx", "meta_from_val", "CompileError"]
+__all__ = ["from_fx", "to_fx", "meta_from_val", "dynamo_input_names", "CompileError"]
 
 
 class CompileError(RuntimeError):
@@ -35,6 +35,18 @@ def meta_from_val(val):
     if isinstance(val, (tuple, list)):
         return tuple(meta_from_val(v) for v in val)
     return None
+
+
+def dynamo_input_names(gm: torch.fx.GraphModule) -> list[str]:
+    """What the user calls each input of a Dynamo graph: Dynamo's source name (``L['x']``,
+    ``L['self']._parameters['weight']``), or the placeholder's own name where Dynamo recorded none."""
+    names = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            name = getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
+            name = name() if callable(name) else name
+            names.append(name or n.name)
+    return names
 
 
 def _shape_env(gm: torch.fx.GraphModule):

@@ -15,6 +15,7 @@ import torch
 
 from ..backend import RewriteBackend
 from ..config import CompilerConfig
+from ..fx_bridge import dynamo_input_names
 from ..ir import Graph
 from .errors import ExportError
 
@@ -40,13 +41,7 @@ class _CaptureBackend(RewriteBackend):
         self.graphs: list[dict] = []
 
     def __call__(self, gm, example_inputs):
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        sources = []
-        for n in placeholders:
-            grapharg = n.meta.get("grapharg")
-            name = grapharg.source.name if grapharg is not None else n.name
-            sources.append(name() if callable(name) else name)
-        entry = {"example_inputs": list(example_inputs), "sources": sources}
+        entry = {"example_inputs": list(example_inputs), "sources": dynamo_input_names(gm)}
         self.graphs.append(entry)
         compiled = super().__call__(gm, example_inputs)
 

@@ -19,6 +19,8 @@ import logging
 
 import torch
 
+from ..fx_bridge import dynamo_input_names
+
 log = logging.getLogger("rewrite")
 
 __all__ = ["GearError", "set_dim_gears", "get_dim_gears", "collect_gear_specs", "GearSpec", "InputGears",
@@ -190,23 +192,10 @@ def merge_gears(inputs: list[InputGears], policy: str) -> list[dict]:
     return gears
 
 
-def _input_names(gm, count: int) -> list[str]:
-    names = [f"input {i}" for i in range(count)]
-    if gm is None:
-        return names
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, n in enumerate(placeholders[:count]):
-        grapharg = n.meta.get("grapharg")
-        source = getattr(grapharg, "source", None)
-        name = getattr(source, "name", None)
-        name = name() if callable(name) else name
-        names[i] = name or n.name
-    return names
-
-
 def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
     """The gears recorded on the example inputs by `set_dim_gears`, merged; None when there are none."""
-    names = _input_names(gm, len(example_inputs))
+    names = dynamo_input_names(gm) if gm is not None else []
+    names += [f"input {i}" for i in range(len(names), len(example_inputs))]
     inputs = [InputGears(i, names[i], get_dim_gears(x), tuple(x.shape))
               for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
     if not inputs:
