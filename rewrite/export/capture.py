@@ -16,6 +16,7 @@ import torch
 from ..backend import RewriteBackend
 from ..config import CompilerConfig
 from ..fx_bridge import dynamo_input_names
+from ..gears import trace_conflicts
 from ..ir import Graph
 from .errors import ExportError
 
@@ -67,14 +68,10 @@ def _traceable_gears(graph: Graph, spec):
     """
     if spec is None:
         return None
-    from ..gears.compile import _shape_facts, _violated
-
-    facts = _shape_facts()
     placeholders = graph.placeholders
+    values = [{placeholders[i].meta.shape[d]: v for (i, d), v in gear.items()} for gear in spec.gears]
     kept = []
-    for gear in spec.gears:
-        values = {placeholders[i].meta.shape[d]: v for (i, d), v in gear.items()}
-        why = _violated(values, facts, graph.symbols)
+    for gear, why in zip(spec.gears, trace_conflicts(graph, values)):
         if why:
             log.warning("export: gear %s left out of the export: %s", gear, why)
         else:

@@ -3,7 +3,8 @@
 Dynamo traces the model once with the geared dimensions symbolic; the optimizer runs once on that
 symbolic graph. Here each gear's sizes are substituted for the symbols and size arithmetic is
 folded to constants (the shape layer's ``substitute`` + ``fold_shape_computations``), the static
-graph is re-optimized (fixed sizes allow more folding), and built by the kernel backend. A gear the trace cannot serve (it contradicts a guard Dynamo recorded, e.g. the model
+graph is re-optimized (fixed sizes allow more folding), and built by the kernel backend. A gear
+the trace cannot serve (`trace_conflicts`: it contradicts a guard Dynamo recorded, e.g. the model
 branched on ``size > 1``) is left out with a warning: Dynamo will trace such shapes separately.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .spec import GearError, GearSpec
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["compile_dynamic", "bind_gears", "concretize"]
+__all__ = ["compile_dynamic", "bind_gears", "concretize", "trace_conflicts"]
 
 # Log each gear's compile at INFO from this many gears on (fewer: DEBUG).
 _PROGRESS_FROM = 8
@@ -76,6 +77,17 @@ def bind_gears(graph: Graph, spec: GearSpec) -> tuple[list[GearSymbol], list[tup
     return symbols, gears
 
 
+def trace_conflicts(graph: Graph, gears: list[dict]) -> list[str | None]:
+    """Which gears this trace can serve: per gear (``{size symbol: value}``), what of the trace it
+    contradicts (a symbol's range, a guard or runtime assert Dynamo recorded while tracing), or None.
+
+    A gear the trace cannot serve runs other code than the traced graph (e.g. the model branched on
+    ``size > 1``); Dynamo traces such shapes separately. Outside a Dynamo trace only ranges are known.
+    """
+    facts = _shape_facts()
+    return [_violated(values, facts, graph.symbols) for values in gears]
+
+
 def _shape_facts() -> list:
     """Guards and runtime asserts Dynamo recorded on the size symbols while tracing this graph."""
     ctx = torch._guards.TracingContext.try_get()
@@ -89,7 +101,6 @@ def _shape_facts() -> list:
 
 
 def _violated(values: dict, facts: list, symbols: dict) -> str | None:
-    """Why a gear cannot run the traced graph, or None when nothing recorded contradicts it."""
     for sym, v in values.items():
         info = symbols.get(sym)
         if info is not None and (v < info.lower or (info.upper is not None and v > info.upper)):
@@ -152,13 +163,11 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
     log.info("graph %d: gears dynamicDims = %s; symbols %s", graph_number, _dynamic_dims_line(gear_spec),
              ", ".join(f"{s.symbol}: {s.label}" for s in symbols))
 
-    facts = _shape_facts()
+    values_of = [{s.symbol: v for s, v in zip(symbols, key)} for key in gears]
     table: dict = {}
     verbose = logging.INFO if len(gears) >= _PROGRESS_FROM else logging.DEBUG
     with report.stage("gears"):
-        for n, key in enumerate(gears, 1):
-            values = {s.symbol: v for s, v in zip(symbols, key)}
-            why = _violated(values, facts, graph.symbols)
+        for n, (key, values, why) in enumerate(zip(gears, values_of, trace_conflicts(graph, values_of)), 1):
             if why:
                 log.warning("gears: gear %s cannot use graph %d (%s); Dynamo traces such shapes separately",
                             key, graph_number, why)
