@@ -95,7 +95,9 @@ class RewriteBackend:
         def compile_bw(aot_gm, aot_inputs):
             return self.compile_graph(aot_gm, f"g{number}_backward", number, (), None)
 
-        try:
+        # set_dim_gears keeps a Dynamo flag on until the geared graph first runs; a compile that
+        # fails never runs it.
+        with rgears.size_oblivious.restored_on_failure():
             return aot_autograd(
                 fw_compiler=functools.partial(compile_fw, kind="forward"),
                 bw_compiler=compile_bw,
@@ -103,13 +105,6 @@ class RewriteBackend:
                 decompositions=decomposition_table(),
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
-        except torch._dynamo.exc.RestartAnalysis:
-            raise  # Dynamo traces again and calls us again: the flag must stay as it is
-        except BaseException:
-            # set_dim_gears turned a global Dynamo flag on until the geared graph first runs; a
-            # failed compile never runs it, so put the flag back here.
-            rgears.restore_size_oblivious()
-            raise
 
     def compile_graph(self, gm: torch.fx.GraphModule, name: str, number: int, frozen: dict, gear_spec):
         """Compile one AOT graph into a callable; errors name the node and the reason."""

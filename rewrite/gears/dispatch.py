@@ -58,9 +58,9 @@ class GearDispatcher:
 
     def __call__(self, *args):
         if self._first_call:  # Dynamo has built its guards by now: set_dim_gears' flag can go
-            from .spec import restore_size_oblivious
+            from .spec import size_oblivious
 
-            restore_size_oblivious()
+            size_oblivious.restore()
             self._first_call = False
         key = tuple(read(args) for read in self._readers)
         fn = self.table.get(key)

@@ -12,10 +12,11 @@ At most `MAX_GEARS` gears are allowed in total: each one is a separate static gr
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import operator
 import itertools
 import logging
+import operator
 
 import torch
 
@@ -24,7 +25,7 @@ from ..fx_bridge import dynamo_input_names
 log = logging.getLogger("rewrite")
 
 __all__ = ["GearError", "set_dim_gears", "get_dim_gears", "collect_gear_specs", "GearSpec", "InputGears",
-           "MAX_GEARS"]
+           "MAX_GEARS", "size_oblivious", "restore_size_oblivious"]
 
 MAX_GEARS = 100
 
@@ -92,7 +93,7 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
                             f"it cannot be set again to different gears {list(values)}")
     merged = {**existing, **normalized}
     setattr(tensor, _ATTR, merged)
-    _allow_size_one()
+    size_oblivious.turn_on()
     for d in normalized:
         torch._dynamo.mark_dynamic(tensor, d)
 
@@ -102,21 +103,42 @@ def get_dim_gears(tensor) -> dict:
     return dict(getattr(tensor, _ATTR, {}) or {})
 
 
-_saved_size_oblivious: list = []  # the flag's value before set_dim_gears turned it on
+class SizeObliviousFlag:
+    """The one owner of torch's ``torch.fx.experimental._config.backed_size_oblivious``.
+
+    `set_dim_gears` turns the flag on (its docstring says why); `restore` puts back the value it
+    had before, once: when the geared graph first runs (`GearDispatcher`), or when a compile fails
+    (`restored_on_failure`, around the backend's compile), since a graph that failed never runs.
+    """
+
+    def __init__(self):
+        self._before: bool | None = None  # the flag's value before we turned it on; None while we do not hold it
+
+    def turn_on(self) -> None:
+        cfg = torch.fx.experimental._config
+        if self._before is None:
+            self._before = cfg.backed_size_oblivious
+            log.debug("set_dim_gears: backed_size_oblivious on until the geared graph first runs")
+        cfg.backed_size_oblivious = True
+
+    def restore(self) -> None:
+        if self._before is not None:
+            torch.fx.experimental._config.backed_size_oblivious, self._before = self._before, None
+
+    @contextlib.contextmanager
+    def restored_on_failure(self):
+        """Restore the flag if the body raises; a restart of Dynamo's analysis is no failure (it traces again)."""
+        try:
+            yield
+        except torch._dynamo.exc.RestartAnalysis:
+            raise
+        except BaseException:
+            self.restore()
+            raise
 
 
-def _allow_size_one() -> None:
-    cfg = torch.fx.experimental._config
-    if not _saved_size_oblivious:
-        _saved_size_oblivious.append(cfg.backed_size_oblivious)
-        log.debug("set_dim_gears: backed_size_oblivious on until the geared graph first runs")
-    cfg.backed_size_oblivious = True
-
-
-def restore_size_oblivious() -> None:
-    """Put back the flag set_dim_gears turned on; called when a geared graph first runs."""
-    if _saved_size_oblivious:
-        torch.fx.experimental._config.backed_size_oblivious = _saved_size_oblivious.pop()
+size_oblivious = SizeObliviousFlag()
+restore_size_oblivious = size_oblivious.restore
 
 
 @dataclasses.dataclass(frozen=True)
