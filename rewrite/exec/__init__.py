@@ -86,14 +86,6 @@ def _device_of(graph: Graph) -> torch.device:
     return torch.device("cpu")
 
 
-def _in_order(graph: Graph, order: list) -> Graph:
-    """The same nodes in another (topological) order, for the single-stream code generator."""
-    g = Graph(graph.name)
-    g.symbols = graph.symbols
-    g.nodes = order
-    return g
-
-
 def _record_syncs(plan: StreamPlan) -> None:
     """Write the plan into node attributes, so graph dumps show every stream and synchronisation."""
     for n in plan.order:
@@ -151,5 +143,5 @@ def build_executable(graph: Graph, config, report=None):
 
         return compile_with_inductor(graph)
     if waits:
-        return compile_graph_to_python(_in_order(graph, order_with_waits(graph, waits)))
+        return compile_graph_to_python(graph, order=order_with_waits(graph, waits))
     return compile_graph_to_python(graph)

@@ -26,8 +26,9 @@ _INLINE_BINARY = {
 
 
 class _Emitter:
-    def __init__(self, graph: Graph, subgraph_compiler: Callable[[Graph], Callable]):
+    def __init__(self, graph: Graph, subgraph_compiler: Callable[[Graph], Callable], order: list | None = None):
         self.graph = graph
+        self.order = graph.nodes if order is None else order  # the graph's nodes, in the order to emit them
         self.globals: dict[str, object] = {"torch": torch}
         self.names: dict[int, str] = {}
         self.lines: list[str] = []
@@ -66,11 +67,11 @@ class _Emitter:
     def emit(self) -> str:
         g = self.graph
         params = []
-        for i, p in enumerate(g.placeholders):
+        for i, p in enumerate(n for n in self.order if n.kind == "placeholder"):
             self.names[p.id] = f"a{i}"
             params.append(f"a{i}")
         last_use: dict[int, int] = {}
-        body = [n for n in g.nodes if n.kind != "placeholder"]
+        body = [n for n in self.order if n.kind != "placeholder"]
         for idx, n in enumerate(body):
             for i in n.inputs:
                 last_use[i.id] = idx
@@ -114,18 +115,24 @@ def _safe(name: str) -> str:
     return out if out and not out[0].isdigit() else f"g_{out}"
 
 
-def generate_source(graph: Graph, subgraph_compiler: Callable[[Graph], Callable] | None = None) -> tuple[str, dict]:
-    """Python source of the graph's function and the globals it needs."""
-    em = _Emitter(graph, subgraph_compiler or compile_graph_to_python)
+def generate_source(graph: Graph, subgraph_compiler: Callable[[Graph], Callable] | None = None,
+                    order: list | None = None) -> tuple[str, dict]:
+    """Python source of the graph's function and the globals it needs.
+
+    ``order``: the graph's nodes in another topological order to emit them in (e.g. one that
+    honours wait edges); the graph's own order by default.
+    """
+    em = _Emitter(graph, subgraph_compiler or compile_graph_to_python, order)
     return em.emit(), em.globals
 
 
 _counter = [0]
 
 
-def compile_graph_to_python(graph: Graph, subgraph_compiler: Callable[[Graph], Callable] | None = None) -> Callable:
-    """Compile a graph into a Python function ``f(*inputs) -> outputs``."""
-    src, glb = generate_source(graph, subgraph_compiler)
+def compile_graph_to_python(graph: Graph, subgraph_compiler: Callable[[Graph], Callable] | None = None,
+                            order: list | None = None) -> Callable:
+    """Compile a graph into a Python function ``f(*inputs) -> outputs`` (``order``: see `generate_source`)."""
+    src, glb = generate_source(graph, subgraph_compiler, order)
     _counter[0] += 1
     filename = f"<rewrite-generated-{_counter[0]}-{_safe(graph.name)}>"
     code = compile(src, filename, "exec")
