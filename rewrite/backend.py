@@ -28,6 +28,7 @@ from .ir import Graph
 from .optimizer import optimize
 from .report import CompileReport
 from .scope import annotate_streams
+from .unit import CompileUnit
 
 log = logging.getLogger("rewrite")
 
@@ -80,6 +81,10 @@ class RewriteBackend:
         weights = [i for i, name in enumerate(dynamo_input_names(gm))
                    if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
 
+        def unit(kind: str) -> CompileUnit:
+            with self._lock:
+                return CompileUnit.for_aot_graph(number, kind, self.config, self.report)
+
         def compile_fw(aot_gm, aot_inputs, kind):
             frozen = ()
             if kind == "inference" and self.config.experimental_config.frozen_parameter:
@@ -87,13 +92,15 @@ class RewriteBackend:
                     frozen = {i: example_inputs[i] for i in weights}
                 else:
                     log.info("graph %d: cannot freeze weights (AOT changed the inputs); kept as inputs", number)
+            fw = unit(kind)
             # AOTAutograd calls compilers under its fake mode; frozen weights are real tensors that
             # passes (folding) compute with, so compile outside it.
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
-                return self.compile_graph(aot_gm, f"g{number}_{kind}", number, frozen, gear_spec)
+                return self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec)
 
         def compile_bw(aot_gm, aot_inputs):
-            return self.compile_graph(aot_gm, f"g{number}_backward", number, (), None)
+            bw = unit("backward")
+            return self.compile_graph(aot_gm, bw.name, bw, (), None)
 
         # set_dim_gears keeps a Dynamo flag on until the geared graph first runs; a compile that
         # fails never runs it.
@@ -106,34 +113,36 @@ class RewriteBackend:
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
 
-    def compile_graph(self, gm: torch.fx.GraphModule, name: str, number: int, frozen: dict, gear_spec):
-        """Compile one AOT graph into a callable; errors name the node and the reason."""
-        with self._lock:
-            rep = self.report.new_graph(name)
+    def compile_graph(self, gm: torch.fx.GraphModule, name: str, unit: CompileUnit, frozen: dict, gear_spec):
+        """Compile the AOT graph of ``unit`` into a callable; errors name the node and the reason.
+
+        ``name`` is ``unit.name``, the second argument for subclasses that label the graphs they see.
+        """
+        rep = unit.report
         with rep.stage("import"):
             graph = from_fx(gm, name=name)
             graph = annotate_streams(graph, self.config, rep)
             _freeze(graph, frozen)
             rep.ops_before = graph.op_counts()
-        dump_graph(graph, self.config, number, "before")
+        dump_graph(graph, unit, "before")
         graph = optimize(graph, self.config, rep)
-        self.on_optimized(graph, name, frozen, gear_spec)
+        self.on_optimized(graph, unit, frozen, gear_spec)
         rep.ops_after = graph.op_counts()
-        dump_graph(graph, self.config, number, "after")
+        dump_graph(graph, unit, "after")
 
         def build_static(g: Graph):
-            return rexec.build_executable(g, self.config, rep)
+            return rexec.build_executable(g, unit)
 
         if graph.is_static():
             with rep.stage("codegen"):
                 fn = build_static(graph)
         else:
-            fn = rgears.compile_dynamic(graph, gear_spec, self.config, rep, build_static, number)
+            fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static)
         log.info("%s", rep)
         # AOTAutograd calls compiled graphs with one list argument ("boxed"), so it can free inputs early.
         return make_boxed_func(fn)
 
-    def on_optimized(self, graph: Graph, name: str, frozen: dict, gear_spec) -> None:
+    def on_optimized(self, graph: Graph, unit: CompileUnit, frozen: dict, gear_spec) -> None:
         """Hook called with each optimized graph before it is built; rewrite.export captures graphs here."""
 
 

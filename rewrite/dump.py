@@ -1,16 +1,18 @@
 """`config.debug.graph_dump`: write graphs as readable files (txt, pbtxt, py).
 
-File names carry the graph number, the rank and the pid, so dumps from several processes and
-several graphs of one model never overwrite each other. Files are written atomically.
+File names carry the compile unit's number, the graph's name, the rank and the pid, so dumps from
+several processes and several graphs of one model never overwrite each other. Files are written atomically.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
 import torch
 
 from .ir import Graph, Node, format_arg, format_meta, format_value
+from .unit import CompileUnit
 from .utils import atomic_write_text
 
 log = logging.getLogger("rewrite")
@@ -54,12 +56,15 @@ def graph_to_pbtxt(g: Graph) -> str:
     return "\n".join(lines) + "\n"
 
 
-def graph_to_py(g: Graph) -> str:
-    """The graph as Python source that calls ATen ops, with a header naming the inputs."""
+def graph_to_py(g: Graph, source: str | None = None) -> str:
+    """The graph as Python source that calls ATen ops, with a header naming the inputs.
+
+    ``source``: the code an executable of ``g`` runs (a multi-stream graph's per-stream code, waits
+    included), shown instead of the single-stream code generated here.
+    """
     from .exec.codegen import generate_source
 
-    # A multi-stream graph shows the per-stream code the scheduler generated, waits included.
-    src = getattr(g, "executable_source", None) or generate_source(g)[0]
+    src = source or generate_source(g)[0]
     header = "\n".join(f"# input %{p.name}: {format_meta(p.meta)}" for p in g.placeholders)
     return f"# rewrite graph {g.name}\n{header}\n{src}"
 
@@ -78,22 +83,19 @@ def graph_to_txt(g: Graph) -> str:
     return "\n".join(lines) + "\n"
 
 
-_WRITERS = {
-    "txt": graph_to_txt,
-    "pbtxt": graph_to_pbtxt,
-    "py": graph_to_py,
-}
+def dump_graph(g: Graph, unit: CompileUnit, stage: str, source: str | None = None) -> str | None:
+    """Write ``g``, a graph of ``unit``, if ``unit.config.debug.graph_dump.type`` is set; returns the file path.
 
-
-def dump_graph(g: Graph, config, graph_number: int, stage: str) -> str | None:
-    """Write ``g`` if ``config.debug.graph_dump.type`` is set; returns the file path."""
-    kind = config.debug.graph_dump.type
+    ``source``: the code ``g``'s executable runs, for the ``py`` dump (see `graph_to_py`).
+    """
+    kind = unit.config.debug.graph_dump.type
     if kind is None:
         return None
-    folder = config.debug.graph_dump.path
+    folder = unit.config.debug.graph_dump.path
     os.makedirs(folder, exist_ok=True)
-    name = f"rewrite_graph_{graph_number}_rank_{_rank()}_pid_{os.getpid()}_{g.name}_{stage}.{kind}"
+    name = f"rewrite_graph_{unit.number}_rank_{_rank()}_pid_{os.getpid()}_{g.name}_{stage}.{kind}"
     path = os.path.join(folder, "".join(c if c.isalnum() or c in "._-" else "_" for c in name))
-    atomic_write_text(path, _WRITERS[kind](g))
+    write = {"txt": graph_to_txt, "pbtxt": graph_to_pbtxt, "py": functools.partial(graph_to_py, source=source)}[kind]
+    atomic_write_text(path, write(g))
     log.info("dumped graph %s (%s) to %s", g.name, stage, path)
     return path

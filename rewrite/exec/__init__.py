@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 
 import torch
 
 from ..config import ConfigError
+from ..dump import dump_graph
 from ..ir import Graph, TensorMeta, iter_metas
+from ..unit import CompileUnit, as_unit
 from .codegen import compile_graph_to_python
 from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
 
@@ -103,17 +104,14 @@ def _record_syncs(plan: StreamPlan) -> None:
         out.attrs["syncs"] = out_syncs
 
 
-def _dump_streams(graph: Graph, config) -> None:
-    if config.debug.graph_dump.type is None:
-        return
-    from ..dump import dump_graph
+def build_executable(graph: Graph, unit: CompileUnit, report=None):
+    """Compile ``graph`` for execution with the kernel backend ``config.exec.kernels`` selects.
 
-    m = re.match(r"g(\d+)_", graph.name)
-    dump_graph(graph, config, int(m.group(1)) if m else 0, "streams")
-
-
-def build_executable(graph: Graph, config, report=None):
-    """Compile ``graph`` for execution with the kernel backend ``config.exec.kernels`` selects."""
+    ``unit`` is the `CompileUnit` the graph belongs to; a graph built on its own passes a
+    ``CompilerConfig`` instead (with the report, if any, that collects its notes).
+    """
+    unit = as_unit(unit, graph.name, report)
+    config, report = unit.config, unit.report
     waits = resolve_waits(graph)
     if waits:  # a cycle is an error whichever way the graph runs
         order_with_waits(graph, waits)
@@ -133,8 +131,8 @@ def build_executable(graph: Graph, config, report=None):
 
             threads = config.exec.stream_intra_op_threads or max(1, torch.get_num_threads() // len(plan.streams))
             fn = compile_cpu_streams(plan, config.exec.stream_timeout_s, threads)
-        graph.executable_source = fn.__rewrite_source__
-        _dump_streams(graph, config)
+        # The py dump shows the code the scheduler generated per stream, waits included.
+        dump_graph(graph, unit, "streams", source=fn.__rewrite_source__)
         log.info("graph %s: %d streams, %d synchronisations\n%s", graph.name, len(plan.streams),
                  plan.num_syncs, plan.describe())
         return fn

@@ -53,10 +53,10 @@ class _CaptureBackend(RewriteBackend):
 
         return run
 
-    def on_optimized(self, graph, name, frozen, gear_spec):
-        if not name.endswith("_inference"):
-            raise ExportError(f"export expected one inference graph, got {name}; export runs under no_grad, so a "
-                              "training graph means the model enables gradients itself")
+    def on_optimized(self, graph, unit, frozen, gear_spec):
+        if unit.kind != "inference":
+            raise ExportError(f"export expected one inference graph, got {unit.name}; export runs under no_grad, so "
+                              "a training graph means the model enables gradients itself")
         self.graphs[-1].update(graph=graph, frozen=dict(frozen or {}), gear_spec=_traceable_gears(graph, gear_spec))
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ..ir import Graph, TensorMeta
 from ..report import GraphReport
+from ..unit import CompileUnit
 from .dispatch import GearDispatcher, GearSymbol
 from .spec import GearError, GearSpec
 
@@ -140,9 +141,20 @@ def concretize(graph: Graph, values: dict) -> Graph:
     return static
 
 
-def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: GraphReport, build_static,
-                    graph_number: int):
-    """Compile a graph with size symbols: one static graph per gear, else the symbolic graph itself."""
+def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit, *rest):
+    """Compile a graph with size symbols: one static graph per gear, else the symbolic graph itself.
+
+    Called as ``compile_dynamic(graph, gear_spec, unit, build_static)``: ``unit`` is the graph's
+    `CompileUnit`, ``build_static(graph)`` builds one executable. The form from before compile units,
+    ``(graph, gear_spec, config, report, build_static, graph_number)``, still works (the export
+    loader uses it) and makes a detached unit.
+    """
+    if isinstance(unit, CompileUnit):
+        (build_static,) = rest
+    else:
+        report, build_static, number = rest
+        unit = CompileUnit.detached(graph.name, unit, report, number)
+    report, number = unit.report, unit.number
     if gear_spec is None:
         with report.stage("codegen"):
             return build_static(graph)
@@ -150,7 +162,7 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
     from ..optimizer import optimize
     from .padding import plan_padding
 
-    fallback = config.inference_config.gear_fallback
+    fallback = unit.config.inference_config.gear_fallback
     symbols, gears = bind_gears(graph, gear_spec)
     sym_of = {s.symbol: s for s in symbols}
     free = {s for s in graph.free_symbols() if s not in sym_of}
@@ -159,8 +171,8 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
         if info is not None and info.input_index is not None:
             log.info("gears: %s (input %d dim %d) has no gears; it stays dynamic in every gear graph",
                      s, info.input_index, info.dim)
-    log.info("graph %d: gears (%s) inputShape = %s", graph_number, gear_spec.policy, _input_shape_line(graph, gear_spec))
-    log.info("graph %d: gears dynamicDims = %s; symbols %s", graph_number, _dynamic_dims_line(gear_spec),
+    log.info("graph %d: gears (%s) inputShape = %s", number, gear_spec.policy, _input_shape_line(graph, gear_spec))
+    log.info("graph %d: gears dynamicDims = %s; symbols %s", number, _dynamic_dims_line(gear_spec),
              ", ".join(f"{s.symbol}: {s.label}" for s in symbols))
 
     values_of = [{s.symbol: v for s, v in zip(symbols, key)} for key in gears]
@@ -170,19 +182,19 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
         for n, (key, values, why) in enumerate(zip(gears, values_of, trace_conflicts(graph, values_of)), 1):
             if why:
                 log.warning("gears: gear %s cannot use graph %d (%s); Dynamo traces such shapes separately",
-                            key, graph_number, why)
+                            key, number, why)
                 report.notes.append(f"gear {key} left out: {why}")
                 continue
             t0 = time.perf_counter()
             static = concretize(graph, values)
-            static = optimize(static, config, GraphReport(static.name))
-            dump_graph(static, config, graph_number, "gear")  # static.name carries the gear values
+            static = optimize(static, unit.config, GraphReport(static.name))
+            dump_graph(static, unit, "gear")  # static.name carries the gear values
             report.gears[key] = static.op_counts()
             table[key] = build_static(static)
-            log.log(verbose, "gears: graph %d gear %d/%d %s compiled in %.2f s", graph_number, n, len(gears), key,
+            log.log(verbose, "gears: graph %d gear %d/%d %s compiled in %.2f s", number, n, len(gears), key,
                     time.perf_counter() - t0)
     if not table:
-        raise GearError(f"graph {graph_number}: every gear contradicts the traced graph; see the warnings above")
+        raise GearError(f"graph {number}: every gear contradicts the traced graph; see the warnings above")
     report.notes.append("gear keys are (" + ", ".join(f"{s.symbol}={s.label}" for s in symbols) + ")")
     report.count("gear graphs", len(table))
 
@@ -193,5 +205,5 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, config, report: Gr
     elif fallback == "pad":
         padder, refusal = plan_padding(graph, symbols)
         if refusal:
-            log.warning("gears: graph %d cannot pad shapes outside the gears: %s", graph_number, refusal)
+            log.warning("gears: graph %d cannot pad shapes outside the gears: %s", number, refusal)
     return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal)

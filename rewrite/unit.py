@@ -1,0 +1,54 @@
+"""A compile unit: one graph AOTAutograd hands the backend, named once and carried through every stage.
+
+Dynamo graph number N becomes one AOT graph for inference, or a forward and a backward graph for
+training; the backend compiles each as a unit. The unit holds the graph's identity (number, kind,
+name) and what each stage needs beside the graph itself (the config, the report), so the stages
+after import (optimizer, gears, kernel backends, stream scheduler, graph dumps) take the unit
+instead of reading that identity back out of a graph name. The graph keeps its own name: a gear's
+static graph is named after its gear values, and dump files name both.
+
+A graph built outside the backend (a loaded export, a graph built by hand in a test) belongs to a
+detached unit: number 0, kind "inference".
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .config import CompilerConfig
+from .report import CompileReport, GraphReport
+
+__all__ = ["CompileUnit", "KINDS", "as_unit"]
+
+KINDS = ("forward", "backward", "inference")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileUnit:
+    name: str  # "g{number}_{kind}" for the backend's units; the imported graph and its report carry it
+    number: int  # the Dynamo graph's number: a forward and its backward share it; dump file names show it
+    kind: str  # one of KINDS
+    config: CompilerConfig
+    report: GraphReport | None = None  # where stages count what they did and leave notes (None: log only)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"compile unit {self.name}: kind {self.kind!r} is not one of {KINDS}")
+
+    @classmethod
+    def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport) -> "CompileUnit":
+        """The backend's unit for AOT graph ``kind`` of Dynamo graph ``number``, with a new report in ``reports``."""
+        name = f"g{number}_{kind}"
+        return cls(name, number, kind, config, reports.new_graph(name))
+
+    @classmethod
+    def detached(cls, name: str, config: CompilerConfig, report: GraphReport | None = None,
+                 number: int = 0) -> "CompileUnit":
+        """A unit for a graph built outside the backend."""
+        return cls(name, number, "inference", config, report)
+
+
+def as_unit(unit_or_config, name: str, report: GraphReport | None = None) -> CompileUnit:
+    """``unit_or_config`` when it is a unit; a config (with an optional report) makes a detached unit."""
+    if isinstance(unit_or_config, CompileUnit):
+        return unit_or_config
+    return CompileUnit.detached(name, unit_or_config, report)
