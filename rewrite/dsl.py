@@ -304,13 +304,19 @@ class Condition:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class DtypeIn(Condition):
+class _OnOne(Condition):
+    """A condition on one variable ``x`` (and literal parameters)."""
+
     x: Var
-    dtypes: tuple
 
     @property
     def vars(self):
         return (self.x,)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class DtypeIn(_OnOne):
+    dtypes: tuple
 
     def __repr__(self):
         if set(self.dtypes) >= set(ALL_DTYPES):
@@ -372,8 +378,7 @@ class SameShape(_SameMeta):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class ShapeIs(Condition):
-    x: Var
+class ShapeIs(_OnOne):
     sizes: Any  # a Var bound to a size list, or a Lit holding a list of ints
 
     @property
@@ -400,13 +405,8 @@ class ShapeIs(Condition):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class RankIs(Condition):
-    x: Var
+class RankIs(_OnOne):
     rank: int
-
-    @property
-    def vars(self):
-        return (self.x,)
 
     def __repr__(self):
         return f"rank_is({self._names()}, {self.rank!r})"
@@ -423,13 +423,8 @@ class RankIs(Condition):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class ValueIs(Condition):
-    c: Var
+class ValueIs(_OnOne):
     value: Any  # int or float
-
-    @property
-    def vars(self):
-        return (self.c,)
 
     def __repr__(self):
         return f"value_is({self._names()}, {self.value!r})"
@@ -438,10 +433,10 @@ class ValueIs(Condition):
         return splat_key(self._values(binding)[0]) == splat_key(self.value) is not None
 
     def to_egglog(self, scope, compiler):
-        return [f'(= (splat {scope.var(self.c.name)}) "{splat_key(self.value)}")']
+        return [f'(= (splat {scope.var(self.x.name)}) "{splat_key(self.value)}")']
 
     def hint(self, hints):
-        hints.setdefault(self.c.name, {})["value"] = self.value
+        hints.setdefault(self.x.name, {})["value"] = self.value
 
 
 def _var(v) -> Var:

@@ -161,27 +161,20 @@ def to_fx(g: Graph) -> torch.fx.GraphModule:
             setattr(root, name, value)
         return fx_graph.get_attr(name)
 
+    def leaf(x):
+        if isinstance(x, Node):
+            return env[x.id]
+        return attr(to_fx(x), "subgraph") if isinstance(x, Graph) else x
+
     def lower(obj):
-        if isinstance(obj, Node):
-            return env[obj.id]
-        if isinstance(obj, Graph):
-            return attr(to_fx(obj), "subgraph")
-        if isinstance(obj, tuple):
-            return tuple(lower(x) for x in obj)
-        if isinstance(obj, list):
-            return [lower(x) for x in obj]
-        if isinstance(obj, dict):
-            return {k: lower(v) for k, v in obj.items()}
-        return obj
+        return torch.fx.node.map_aggregate(obj, leaf)
 
     for n in g.nodes:
         if n.kind == "placeholder":
             fx_node = fx_graph.placeholder(n.name)
         elif n.kind == "constant":
             v = n.value
-            fx_node = attr(v, "_const") if isinstance(v, (torch.Tensor, Graph)) else v
-            if isinstance(v, Graph):
-                fx_node = attr(to_fx(v), "subgraph")
+            fx_node = attr(v, "_const") if isinstance(v, torch.Tensor) else leaf(v)
         elif n.kind == "call":
             fx_node = fx_graph.call_function(n.target, lower(n.args), lower(n.kwargs))
         else:

@@ -38,11 +38,6 @@ def check_config(config) -> None:
     if config.ge_config.enable_single_stream and config.exec.auto_streams:
         raise ConfigError("config.ge_config.enable_single_stream = True conflicts with "
                           "config.exec.auto_streams = True; set at most one of them")
-    if config.exec.stream_timeout_s <= 0:
-        raise ConfigError(f"config.exec.stream_timeout_s = {config.exec.stream_timeout_s!r} must be > 0 seconds")
-    if config.exec.stream_intra_op_threads < 0:
-        raise ConfigError(f"config.exec.stream_intra_op_threads = {config.exec.stream_intra_op_threads!r} "
-                          "must be >= 0 (0: torch's threads divided by the number of streams)")
 
 
 def _note(report, msg: str) -> None:
