@@ -374,7 +374,11 @@ LOGSUMEXP = _overloads("logsumexp.default")
 # Along one dim, keeping the shape.
 SOFTMAXES = _overloads("_softmax.default", "_log_softmax.default", "softmax.int", "log_softmax.int")
 SCANS = _overloads("cumsum.default", "cumprod.default")
-SORTS = _overloads("sort.default")
+SCANS_WITH_INDICES = _overloads("cummax.default", "cummin.default")
+SORTS = _overloads("sort.default", "sort.stable")
+TOP_K = _overloads("topk.default")
+# Reductions over one dim that return (values, indices), like max.dim.
+SELECTIONS = _overloads("kthvalue.default", "median.dim", "mode.default", "nanmedian.dim")
 
 MATMULS = _overloads("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "matmul.default",
                      "linear.default")
@@ -413,4 +417,4 @@ def family_table(*pairs) -> dict:
 
 # Every reduction over dims, whatever the position of its dim and keepdim arguments (bind them by name).
 REDUCTIONS = (SUMS | MEANS | VARIANCES | VARIANCE_MEANS | MIN_MAX | ANY_ALL | ARG_REDUCTIONS | MAX_MIN_DIM
-              | FULL_MAX_MIN | LOGSUMEXP)
+              | FULL_MAX_MIN | LOGSUMEXP | SELECTIONS)

@@ -9,6 +9,11 @@ tracing context, so the Dynamo/AOT context of the model being compiled is not di
 
 A graph with size symbols is compiled dynamically: every symbol becomes a symbol of a fresh
 ShapeEnv (inputs sharing a symbol share it there too), and Inductor generates size-generic code.
+
+Numerics: results must be what eager computes. Inductor's fused ``var_mean`` (a Welford
+reduction) returns a mean of ``inf`` for a row holding ``inf`` where ATen's kernel returns
+``nan``; such ops run as ATen kernels inside the Inductor graph (`EAGER_NUMERICS`: a custom op
+Inductor cannot lower becomes a call of the ATen kernel).
 """
 from __future__ import annotations
 
@@ -20,10 +25,38 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ..fx_bridge import CompileError, to_fx
 from ..ir import Graph, SymMeta, TensorMeta
+from ..ops import bind_arguments
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["compile_with_inductor"]
+__all__ = ["compile_with_inductor", "EAGER_NUMERICS"]
+
+
+@torch.library.custom_op("rewrite_eager::var_mean", mutates_args=())
+def _eager_var_mean(x: torch.Tensor, dim: list[int] | None, correction: float | None,
+                    keepdim: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.aten.var_mean.correction(x, dim, correction=correction, keepdim=keepdim)
+
+
+@_eager_var_mean.register_fake
+def _(x, dim, correction, keepdim):
+    return torch.ops.aten.var_mean.correction(x, dim, correction=correction, keepdim=keepdim)
+
+
+# ATen op -> (the opaque op that runs its ATen kernel, its argument names in order).
+EAGER_NUMERICS = {
+    torch.ops.aten.var_mean.correction: (torch.ops.rewrite_eager.var_mean.default, ("self", "dim", "correction", "keepdim")),
+}
+
+
+def _keep_eager_numerics(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        swap = EAGER_NUMERICS.get(node.target) if node.op == "call_function" else None
+        if swap is not None:
+            target, names = swap
+            bound = bind_arguments(node.target, node.args, node.kwargs)
+            node.target, node.args, node.kwargs = target, tuple(bound[n] for n in names), {}
+    gm.recompile()
 
 # Size used as the example value of a size symbol when compiling a symbolic graph.
 _HINT = 8
@@ -84,6 +117,7 @@ def compile_with_inductor(graph: Graph):
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     gm = to_fx(graph)
+    _keep_eager_numerics(gm)
     static = graph.is_static()
     fake_mode = FakeTensorMode(shape_env=None if static else ShapeEnv(), allow_non_fake_inputs=True)
     try:

@@ -14,7 +14,7 @@ from typing import Callable
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["GearSymbol", "GearDispatcher"]
+__all__ = ["GearSymbol", "GearDispatcher", "not_a_gear"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,21 +97,30 @@ class GearDispatcher:
         return best
 
     def _describe(self, key: tuple) -> str:
-        return ", ".join(f"{s.label} = {v}" for s, v in zip(self.symbols, key))
+        return _describe(self.symbols, key)
 
     def _error(self, key: tuple, why: str) -> "GearError":
-        from .spec import GearError
+        return not_a_gear(self.symbols, list(self.table), key, self.fallback, why)
 
-        parts = []
-        for i, (s, v) in enumerate(zip(self.symbols, key)):
-            allowed = sorted({g[i] for g in self.table})
-            if v not in allowed:
-                parts.append(f"{s.label} has size {v}; allowed gears for it: {allowed}")
-        if not parts:  # every value is some gear's, but not this combination
-            labels = ", ".join(s.label for s in self.symbols)
-            parts.append(f"sizes ({self._describe(key)}) are not a gear combination; gears of ({labels}): "
-                         f"{sorted(self.table)}")
-        hint = "" if self.fallback != "error" else \
-            " (set config.inference_config.gear_fallback to 'pad' or 'dynamic' to run other shapes)"
-        return GearError("input shape is not one of the compiled gears: " + "; ".join(parts)
-                         + (f" {why}" if why else "") + hint)
+
+def _describe(symbols: list[GearSymbol], key: tuple) -> str:
+    return ", ".join(f"{s.label} = {v}" for s, v in zip(symbols, key))
+
+
+def not_a_gear(symbols: list[GearSymbol], gears: list[tuple], key: tuple, fallback: str, why: str = ""):
+    """The GearError for input sizes ``key`` that are no gear: the same at compile and at call time."""
+    from .spec import GearError
+
+    parts = []
+    for i, (s, v) in enumerate(zip(symbols, key)):
+        allowed = sorted({g[i] for g in gears})
+        if v not in allowed:
+            parts.append(f"{s.label} has size {v}; allowed gears for it: {allowed}")
+    if not parts:  # every value is some gear's, but not this combination
+        labels = ", ".join(s.label for s in symbols)
+        parts.append(f"sizes ({_describe(symbols, key)}) are not a gear combination; gears of ({labels}): "
+                     f"{sorted(gears)}")
+    hint = "" if fallback != "error" else \
+        " (set config.inference_config.gear_fallback to 'pad' or 'dynamic' to run other shapes)"
+    return GearError("input shape is not one of the compiled gears: " + "; ".join(parts)
+                     + (f" {why}" if why else "") + hint)

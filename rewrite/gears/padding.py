@@ -171,12 +171,13 @@ def _reduction(node, states, s):
 
 
 def _along_dim(node, states, s):
-    """Shape-keeping ops that mix values along one dim (softmax, cumsum): fine off the row dim."""
+    """Ops that mix values along one dim and keep the rank (softmax, cumsum, sort, topk): fine off
+    the row dim. Every output (sort's values and indices) keeps the input's row dim."""
     st = states[0]
     _check_no_sym(node, _tensor_states(node, states))
-    if isinstance(st, Row) and _norm(_bound(node)["dim"], len(node.meta.shape)) == st.dim:
+    if isinstance(st, Row) and _norm(_bound(node)["dim"], len(node.args[0].meta.shape)) == st.dim:
         raise NotRowwise(f"node %{node.name} ({node.op}) mixes values along the rows of {s}")
-    return st
+    return tuple(st for _ in node.meta) if isinstance(node.meta, tuple) else st
 
 
 def _layer_norm(node, states, s):
@@ -412,7 +413,7 @@ _TRANSFER = ops.family_table(
     (ops.SELECTS, _select),
     (ops.ALIASES | ops.COPIES, _identity),
     (ops.REDUCTIONS, _reduction),
-    (ops.SOFTMAXES | ops.SCANS | ops.SORTS, _along_dim),
+    (ops.SOFTMAXES | ops.SCANS | ops.SCANS_WITH_INDICES | ops.SORTS | ops.TOP_K, _along_dim),
     (ops.LAYER_NORMS, _layer_norm),
     (ops.ATTENTION, _attention),
     (ops.SPLITS | ops.SPLITS_WITH_SIZES | {aten.chunk.default}, _split),

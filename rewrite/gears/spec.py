@@ -8,7 +8,9 @@ of one tensor, then the tensors with each other:
 * ``zip``: position by position (lists must have equal lengths);
 * ``product``: every combination (Cartesian product).
 
-At most `MAX_GEARS` gears are allowed in total: each one is a separate static graph to compile.
+At most `MAX_GEARS` distinct gears are allowed in total: each one is a separate static graph to
+compile. A value repeated in a list is allowed and compiled once (gears are distinct combinations);
+a value larger than the largest tensor size torch allows (`MAX_GEAR_SIZE`) is an error.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ __all__ = ["GearError", "set_dim_gears", "get_dim_gears", "collect_gear_specs", 
            "MAX_GEARS", "size_oblivious", "restore_size_oblivious"]
 
 MAX_GEARS = 100
+MAX_GEAR_SIZE = 2**63 - 1  # torch sizes are int64
 
 # The attribute set_dim_gears stores the declared gears in: {dim (non-negative): (values...)}.
 _ATTR = "_rewrite_dim_gears"
@@ -81,10 +84,13 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
             if isinstance(v, bool) or iv is None or iv <= 0:
                 raise GearError(f"set_dim_gears: gear value {v!r} of dim {dim} is not allowed; "
                                 f"gear values must be positive ints, got {list(values)}")
+            if iv > MAX_GEAR_SIZE:
+                raise GearError(f"set_dim_gears: gear value {iv} of dim {dim} is larger than any tensor size can be "
+                                f"(torch sizes are int64: at most 2**63 - 1)")
             ints.append(iv)
-        if len(ints) > MAX_GEARS:
-            raise GearError(f"set_dim_gears: dim {dim} has {len(ints)} gears; at most {MAX_GEARS} gears are allowed "
-                            "in total")
+        if len(set(ints)) > MAX_GEARS:
+            raise GearError(f"set_dim_gears: dim {dim} has {len(set(ints))} distinct gears; at most {MAX_GEARS} "
+                            "gears are allowed in total")
         normalized[d] = tuple(ints)
     existing: dict = getattr(tensor, _ATTR, {})
     for d, values in normalized.items():
@@ -192,26 +198,36 @@ def merge_gears(inputs: list[InputGears], policy: str) -> list[dict]:
         if len(set(counts.values())) > 1:
             raise GearError(f"with dynamic_gears_merge_policy='zip' every input must have the same number of gears, "
                             f"got {counts}; make them equal or use 'product'")
-        total = len(per_input[0])
-        rows = zip(*per_input)
+        gears = _distinct(_merged(row) for row in zip(*per_input))
+        total = len(gears)
     else:
+        per_input = [_distinct(c) for c in per_input]  # distinct parts give distinct products
         total = 1
         for c in per_input:
             total *= len(c)
-        rows = itertools.product(*per_input) if total <= MAX_GEARS else ()
+        gears = [_merged(row) for row in itertools.product(*per_input)] if total <= MAX_GEARS else []
     if total > MAX_GEARS:
-        raise GearError(f"{total} gears declared ({policy} of {', '.join(i.name for i in inputs)}); "
-                        f"at most {MAX_GEARS} gears are allowed")
-    gears, seen = [], set()
-    for row in rows:
-        gear: dict = {}
-        for part in row:
-            gear.update(part)
+        raise GearError(f"{total} gears declared ({policy} of {', '.join(i.name for i in inputs)}, repeats counted "
+                        f"once); at most {MAX_GEARS} gears are allowed")
+    return gears
+
+
+def _merged(parts) -> dict:
+    gear: dict = {}
+    for part in parts:
+        gear.update(part)
+    return gear
+
+
+def _distinct(gears) -> list[dict]:
+    """The gears without repeats, in first-seen order (a value repeated in a list is one gear)."""
+    out, seen = [], set()
+    for gear in gears:
         key = tuple(sorted(gear.items()))
         if key not in seen:
             seen.add(key)
-            gears.append(gear)
-    return gears
+            out.append(gear)
+    return out
 
 
 def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:

@@ -1,0 +1,331 @@
+"""Compiling from any thread and from forked processes; every bad setting is a clear error.
+
+Serving frameworks compile on worker threads, several at once, and fork workers after importing
+everything; users set limits from config files. None of that may crash, hang or give a wrong value.
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+import rewrite
+from rewrite import scope
+from rewrite.config import CompilerConfig, ConfigError, _Number, _Section, _Typed
+from rewrite.gears import GearError, set_dim_gears
+
+THREADS = 8
+
+
+# -- models: plain, geared, multi-stream -----------------------------------------------------------
+
+class Plain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x) * 1.0 + 0.0))
+
+
+class Streams(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        a = x @ self.w1
+        with scope.stream_switch("side", stream_priority=0):
+            scope.wait_tensor(x, a)
+            b = torch.tanh(x @ self.w2)
+        return a + b
+
+
+def _compiled(kind: str, seed: int):
+    torch.manual_seed(seed)
+    model = Streams() if kind == "streams" else Plain()
+    x = torch.randn(4, 8)
+    if kind == "geared":
+        set_dim_gears(x, {0: [2, 4, 8]})
+    backend = rewrite.get_backend()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        compiled(x)  # compile now, on this thread
+    for graph in backend.report.graphs:  # the e-graph ran here, on this thread, and did not fail
+        assert "egraph.saturate" in graph.stage_seconds, graph
+        assert not [n for n in graph.notes if "e-graph skipped" in n], graph.notes
+    return model, compiled
+
+
+def _inputs(kind: str, n: int) -> list:
+    sizes = [2, 4, 8] if kind == "geared" else [4]
+    return [torch.randn(sizes[i % len(sizes)], 8) for i in range(n)]
+
+
+def _check_calls(model, compiled, inputs, failures: list) -> None:
+    with torch.no_grad():
+        for x in inputs:
+            try:
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+            except Exception as e:  # noqa: BLE001 - collected and reported by the test
+                failures.append(f"{type(e).__name__}: {e}")
+                return
+
+
+def _run_threads(target, n: int = THREADS, timeout: float = 240.0) -> None:
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck"
+
+
+@pytest.mark.parametrize("kind", ["plain", "geared", "streams"])
+def test_cold_compiles_on_8_threads_at_once_all_match_eager(kind):
+    """Each thread compiles its own model (its own e-graph engine) and calls it; nothing panics."""
+    failures: list = []
+
+    def work(i):
+        try:
+            model, compiled = _compiled(kind, seed=i)
+            _check_calls(model, compiled, _inputs(kind, 20), failures)
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"thread {i}: {type(e).__name__}: {e}")
+
+    with torch._dynamo.config.patch(recompile_limit=64, accumulated_recompile_limit=1024):
+        _run_threads(work)
+    assert not failures, failures[:3]
+
+
+@pytest.mark.parametrize("kind", ["plain", "geared", "streams"])
+def test_warm_model_called_from_8_threads_x_200_calls_matches_eager(kind):
+    model, compiled = _compiled(kind, seed=0)
+    failures: list = []
+    _run_threads(lambda i: _check_calls(model, compiled, _inputs(kind, 200), failures))
+    assert not failures, failures[:3]
+
+
+def test_compile_on_another_thread_than_the_first_engine():
+    """An engine made on one thread is never used (or dropped) on another."""
+    _compiled("plain", seed=0)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_compiled("plain", seed=1)))
+    t.start()
+    t.join(120)
+    model, compiled = out[0]
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+# -- fork ------------------------------------------------------------------------------------------
+
+_FORK_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, torch, rewrite, rewrite.backend
+    compile_first = sys.argv[1] == "after_compile"
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    x = torch.randn(3, 8)
+    if compile_first:
+        parent_compiled = torch.compile(m, backend=rewrite.get_backend())
+        parent_compiled(x)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(90)  # a hang kills the child instead of the test run
+        m2 = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        c2 = torch.compile(m2, backend=rewrite.get_backend())
+        with torch.no_grad():
+            ok = torch.allclose(c2(x), m2(x), atol=1e-6)
+            if compile_first:
+                ok = ok and torch.allclose(parent_compiled(x), m(x), atol=1e-6)
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+""")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("when", ["after_import", "after_compile"])
+def test_a_process_forked_after_import_or_compile_compiles_and_runs(when):
+    done = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, when], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"child exit {done.returncode}\n{done.stderr[-3000:]}"
+
+
+# -- config: every numeric field is checked at assignment ---------------------------------------------
+
+def _numeric_fields(section: _Section, path: str = ""):
+    for name, spec in section._fields().items():
+        value = getattr(section, name)
+        if isinstance(value, _Section):
+            yield from _numeric_fields(value, f"{path}{name}.")
+        elif isinstance(spec, _Typed) and (int in spec.types or float in spec.types):
+            yield f"{path}{name}", spec
+
+
+def test_every_numeric_config_field_has_a_range():
+    fields = dict(_numeric_fields(CompilerConfig()))
+    assert {"exec.stream_timeout_s", "exec.stream_intra_op_threads", "rules.node_limit", "rules.time_limit_s",
+            "rules.iteration_limit", "rules.fold_size_limit"} <= set(fields)
+    plain = [path for path, spec in fields.items() if not isinstance(spec, _Number)]
+    assert not plain, f"numeric fields without a checked range: {plain}"
+
+
+@pytest.mark.parametrize("path", [path for path, _ in _numeric_fields(CompilerConfig())])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1, 10**30, True, "3"])
+def test_bad_numeric_settings_are_config_errors_naming_the_field(path, bad):
+    config = CompilerConfig()
+    before = config.as_dict()
+    with pytest.raises(ConfigError, match=path.replace(".", r"\.")):
+        config.set_path(path, bad)
+    assert config.as_dict() == before  # nothing half-set
+
+
+def test_good_numeric_settings_are_kept():
+    config = CompilerConfig()
+    for path, value in [("exec.stream_timeout_s", 0.5), ("exec.stream_intra_op_threads", 2), ("rules.node_limit", 10),
+                        ("rules.time_limit_s", 0), ("rules.iteration_limit", 1), ("rules.fold_size_limit", 0)]:
+        config.set_path(path, value)
+    assert config.exec.stream_timeout_s == 0.5 and config.rules.fold_size_limit == 0
+
+
+def test_the_range_is_in_the_message():
+    with pytest.raises(ConfigError, match=r"stream_timeout_s = nan is out of range; expected a finite number > 0"):
+        CompilerConfig().exec.stream_timeout_s = math.nan
+    with pytest.raises(ConfigError, match=r"stream_intra_op_threads = 100000 .* <= 1024"):
+        CompilerConfig().exec.stream_intra_op_threads = 100_000
+
+
+# -- gears: sizes outside the gears, repeats, absurd sizes ------------------------------------------
+
+def test_absurd_gear_sizes_are_refused_when_declared():
+    with pytest.raises(GearError, match=r"gear value 1180591620717411303424 of dim 0 is larger than any tensor size"):
+        set_dim_gears(torch.ones(2, 3), {0: [2, 2**70]})
+
+
+def test_repeated_gear_values_compile_once_and_count_once_against_the_limit():
+    model = Plain()
+    x = torch.randn(4, 8)
+    set_dim_gears(x, {0: [2, 4, 4, 2, 8] + [8] * 200})  # 205 values, 3 distinct gears
+    backend = rewrite.get_backend()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        for n in (2, 8):
+            y = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(y), model(y))
+    (graph,) = [g for g in backend.report.graphs if g.gears]
+    assert sorted(graph.gears) == [(2,), (4,), (8,)]
+
+
+def test_an_example_outside_the_gears_fails_before_compiling_any_gear_with_the_call_time_message():
+    model = Plain()
+    x = torch.randn(3, 8)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    backend = rewrite.get_backend()
+    with pytest.raises(Exception) as compile_time:
+        torch.compile(model, backend=backend)(x)
+    message = "dim 0 has size 3; allowed gears for it: [2, 4, 8]"
+    assert isinstance(compile_time.value, GearError) or isinstance(compile_time.value.__cause__ or
+                                                                    getattr(compile_time.value, "inner_exception", None),
+                                                                    GearError)
+    assert message in str(compile_time.value)
+    assert not any(g.gears for g in backend.report.graphs)  # no gear graph was built
+
+    x = torch.randn(4, 8)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=rewrite.get_backend())
+    with torch.no_grad():
+        compiled(x)
+        with pytest.raises(GearError) as call_time:
+            compiled(torch.randn(3, 8))
+    assert message in str(call_time.value)
+
+
+# -- padding: ops that return tuples ------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.sort(x, dim=1)[0] * 2,
+    lambda x: torch.sort(x, dim=1).indices,
+    lambda x: torch.topk(x, 2, dim=1).values + 1,
+    lambda x: torch.topk(x, 2, dim=1)[1],
+    lambda x: torch.max(x, dim=1)[1],
+    lambda x: torch.kthvalue(x, 2, dim=1)[0],
+    lambda x: torch.cummax(x, dim=1)[0],
+    lambda x: torch.aminmax(x, dim=1)[0],
+], ids=["sort", "sort_indices", "topk", "topk_indices", "max_indices", "kthvalue", "cummax", "aminmax"])
+def test_pad_fallback_works_on_ops_returning_tuples(fn):
+    config = CompilerConfig()
+    config.inference_config.gear_fallback = "pad"
+    x = torch.randn(4, 5)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    compiled = torch.compile(fn, backend=rewrite.get_backend(config))
+    for n in (4, 3, 5):  # a gear, then two sizes padded up
+        y = torch.randn(n, 5) if n != 4 else x
+        assert torch.equal(compiled(y), fn(y))
+
+
+def test_pad_refuses_a_sort_along_the_padded_dim_with_a_reason():
+    config = CompilerConfig()
+    config.inference_config.gear_fallback = "pad"
+    x = torch.randn(4, 5)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    compiled = torch.compile(lambda t: torch.sort(t, dim=0)[0], backend=rewrite.get_backend(config))
+    compiled(x)
+    with pytest.raises(GearError, match=r"padding is not possible: .*aten.sort.default\) mixes values along the rows"):
+        compiled(torch.randn(3, 5))
+
+
+# -- reductions over rows holding inf and nan ----------------------------------------------------------
+
+def _special_rows(dtype):
+    x = torch.randn(6, 9).to(dtype)
+    x[0, 3] = math.inf
+    x[1, 0] = math.nan
+    x[2, :] = math.inf
+    x[3, 5], x[3, 7] = -math.inf, math.inf
+    x[4, 2] = -math.inf
+    return x
+
+
+_REDUCTIONS = {
+    "var": lambda x: x.var(dim=1), "std": lambda x: x.std(dim=1), "var_all": lambda x: x.var(),
+    "var_mean": lambda x: torch.var_mean(x, dim=1), "std_mean": lambda x: torch.std_mean(x, dim=1),
+    "var_correction2": lambda x: torch.var(x, 1, correction=2), "mean": lambda x: x.mean(1),
+    "sum": lambda x: x.sum(1), "prod": lambda x: x.prod(1), "amax": lambda x: x.amax(1),
+    "logsumexp": lambda x: torch.logsumexp(x, 1), "softmax": lambda x: torch.softmax(x, 1),
+    "norm": lambda x: torch.linalg.vector_norm(x, dim=1), "argmax": lambda x: x.argmax(1),
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, (9,)),
+}
+
+
+def _same(want, got) -> bool:
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for a, b in zip(want, got, strict=True):
+        if not a.is_floating_point():
+            if not torch.equal(a, b):
+                return False
+        elif not (torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
+                  and torch.allclose(a.nan_to_num(0, 0, 0).double(), b.nan_to_num(0, 0, 0).double(),
+                                     rtol=1e-2, atol=1e-2)):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("kernels", ["aten", "inductor"])
+@pytest.mark.parametrize("name", sorted(_REDUCTIONS))
+def test_reductions_of_rows_with_inf_and_nan_give_what_eager_gives(name, kernels):
+    if kernels == "inductor" and name not in ("var", "std", "var_mean", "std_mean", "mean", "logsumexp"):
+        pytest.skip("Inductor kernels are checked on the reductions whose lowerings differ (Welford, logsumexp)")
+    fn = _REDUCTIONS[name]
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _special_rows(dtype)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="rewrite", options={"exec.kernels": kernels})
+        assert _same(fn(x), compiled(x)), f"{name} {dtype}: {fn(x)} != {compiled(x)}"
