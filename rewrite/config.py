@@ -135,8 +135,15 @@ class GraphDumpConfig(_Section):
         super().__setattr__(name, value)
 
 
+class DebugAclgraphConfig(_Section):
+    # reduce-overhead: how many distinct input shapes one compiled graph captures (CUDA graphs,
+    # npugraph_ex's capture_limit); later new shapes run uncaptured, with a log line.
+    static_capture_size_limit = _Number(64, 1, 2**63 - 1, unit="captured shapes")
+
+
 class DebugConfig(_Section):
     graph_dump = GraphDumpConfig
+    aclgraph = DebugAclgraphConfig
 
 
 class InferenceConfig(_Section):
@@ -172,6 +179,32 @@ class ExportConfig(_Section):
     experimental = ExportExperimentalConfig
 
 
+class _StringList(_Typed):
+    """A list of strings, checked when assigned."""
+
+    def __init__(self):
+        super().__init__([], list, tuple)
+
+    def check(self, path: str, value):
+        super().check(path, value)
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ConfigError(f"{path}[{i}] = {item!r} is a {type(item).__name__}; expected a str")
+        return list(value)
+
+
+class _Callable(_Typed):
+    """A callable or None."""
+
+    def __init__(self):
+        super().__init__(None, object)
+
+    def check(self, path: str, value):
+        if value is not None and not callable(value):
+            raise ConfigError(f"{path} = {value!r} is a {type(value).__name__}; expected a callable or None")
+        return value
+
+
 class _RuleSetList(_Typed):
     """A list of `rewrite.dsl.RuleSet` objects, checked when assigned."""
 
@@ -200,18 +233,37 @@ class RulesConfig(_Section):
     iteration_limit = _Number(30, 1, 10**6, unit="rounds")
     # Constants larger than this many elements are not produced by folding.
     fold_size_limit = _Number(65_536, 0, 2**40, unit="elements")
+    # Rules, rulesets or rule families switched off by name (`python -m rewrite rules` lists them).
+    disabled = _StringList()
+
+
+class AclgraphExperimentalConfig(_Section):
+    # Static per-shape kernels (seed 002): record op signatures during warm-up, build one kernel
+    # per signature, reuse them across runs; the build dir defaults to the running script's folder.
+    _aclnn_static_shape_kernel = _Typed(False, bool)
+    _aclnn_static_shape_kernel_build_dir = _Typed(None, str, type(None))
 
 
 class ExperimentalConfig(_Section):
     # Treat parameters and buffers of an inference graph as constants (they may then be folded).
     # Off by default: a frozen graph does not see later in-place updates of the weights.
     frozen_parameter = _Typed(False, bool)
+    aclgraph = AclgraphExperimentalConfig
+
+
+class CacheConfig(_Section):
+    # Compile cache folder (None: off); rewrite.inference.cache_compile uses it too.
+    dir = _Typed(None, str, type(None))
 
 
 class CompilerConfig(_Section):
     """All options of the `rewrite` backend. Unknown fields raise `ConfigError`."""
 
-    mode = _Choice("max-autotune", ("max-autotune", "reduce-overhead"))
+    mode = _Choice("max-autotune", ("max-autotune", "reduce-overhead", "npugraph_ex"))
+    # User FX passes run on each AOT graph before / after the built-in ones (TorchAir and Inductor
+    # spelling): ``fn(graph_module, example_inputs, config)``, mutating the GraphModule in place.
+    post_grad_custom_pre_pass = _Callable()
+    post_grad_custom_post_pass = _Callable()
     inference_config = InferenceConfig
     exec = ExecConfig
     ge_config = GeConfig
@@ -219,3 +271,4 @@ class CompilerConfig(_Section):
     export = ExportConfig
     rules = RulesConfig
     experimental_config = ExperimentalConfig
+    cache = CacheConfig
