@@ -65,8 +65,21 @@ def graph_to_py(g: Graph, source: str | None = None) -> str:
     from .exec.codegen import generate_source
 
     src = source or generate_source(g)[0]
-    header = "\n".join(f"# input %{p.name}: {format_meta(p.meta)}" for p in g.placeholders)
-    return f"# rewrite graph {g.name}\n{header}\n{src}"
+    header = [f"# input %{p.name}: {format_meta(p.meta)}" for p in g.placeholders]
+    # Every node with its dtype and (symbolic) shape, and those of what it reads (TorchAir's
+    # "## FX Code" lines): the generated code names values but not what they are.
+    nodes = [f"## %{n.name}: {format_meta(n.meta)} = {n.op}("
+             + ", ".join([_described(a) for a in n.args] + [f"{k}={_described(v)}" for k, v in n.kwargs.items()])
+             + ")" for n in g.nodes if n.kind == "call"]
+    return "\n".join([f"# rewrite graph {g.name}", *header, *nodes, src])
+
+
+def _described(arg) -> str:
+    if isinstance(arg, Node):
+        return f"%{arg.name}: {format_meta(arg.meta)}"
+    if isinstance(arg, (list, tuple)) and any(isinstance(a, Node) for a in arg):
+        return "[" + ", ".join(_described(a) for a in arg) + "]"
+    return format_arg(arg)
 
 
 def graph_to_txt(g: Graph) -> str:

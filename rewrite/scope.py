@@ -1,8 +1,13 @@
-"""In-graph stream scopes: ``stream_switch`` and ``wait_tensor``.
+"""In-graph stream scopes: ``stream_switch``, ``wait_tensor``, ``record`` and ``wait``.
 
     with rewrite.scope.stream_switch("1", stream_priority=0):
         rewrite.scope.wait_tensor(b, a)   # the ops below that read b start after a is computed
         y = torch.mm(b, w)
+
+    token = rewrite.scope.record()        # a handle to the last op issued on the current stream
+    with rewrite.scope.stream_switch("2"):
+        rewrite.scope.wait([token, c])    # the next op issued on stream "2" waits for both
+        z = torch.relu(d)
 
 Both are recorded in the traced graph as custom ops of the ``rewrite_stream`` namespace that
 return nothing and are registered as side-effecting (``torch.fx.node.has_side_effect``), so
@@ -14,7 +19,11 @@ Right after IR import, `annotate_streams` turns the markers into node attributes
 * ``attrs["stream"]`` (the tag) and ``attrs["stream_priority"]`` on every node issued inside a scope;
   nodes outside any scope carry no tag and run on the default stream;
 * ``node.waits`` (control edges) on each node that reads ``self`` after the ``wait_tensor`` call
-  in the same scope: it starts only after every listed node is computed.
+  in the same scope: it starts only after every listed node is computed;
+* ``wait(tensors)`` queues control edges (each tensor's producer, or the op a ``record()`` token
+  stands for) on the current stream; the next op issued on that stream (even in a later scope of
+  the same tag) waits for them, and the stream runs in order, so everything after it waits too
+  (TorchAir's ``torchair.ops.wait`` / ``torchair.ops.record``).
 
 Later passes treat the stream tag as part of a node's identity and keep wait edges.
 """
@@ -30,7 +39,7 @@ from .ir import Graph, Node
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["stream_switch", "wait_tensor", "annotate_streams", "StreamScopeError"]
+__all__ = ["stream_switch", "wait_tensor", "record", "wait", "annotate_streams", "StreamScopeError"]
 
 
 class StreamScopeError(CompileError):
@@ -41,7 +50,7 @@ class StreamScopeError(CompileError):
 
 
 @torch.library.custom_op("rewrite_stream::scope_enter", mutates_args=())
-def _scope_enter(stream_tag: str, stream_priority: int) -> None:
+def _scope_enter(stream_tag: str, stream_priority: int, enable_inner_parallel: bool = True) -> None:
     """Marks where a ``stream_switch`` block starts; a no-op when run."""
 
 
@@ -55,8 +64,29 @@ def _wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> None:
     """Marks that the readers of ``self`` issued after it wait for ``dependency``; a no-op when run."""
 
 
+@torch.library.custom_op("rewrite_stream::record", mutates_args=())
+def _record() -> torch.Tensor:
+    """A token standing for the last op issued on the current stream; an empty tensor when run."""
+    return torch.empty(0)
+
+
+@torch.library.custom_op("rewrite_stream::wait", mutates_args=())
+def _wait(tensors: list[torch.Tensor]) -> None:
+    """Marks that the next op issued on the current stream waits for ``tensors``; a no-op when run."""
+
+
 @_scope_enter.register_fake
-def _(stream_tag, stream_priority):
+def _(stream_tag, stream_priority, enable_inner_parallel=True):
+    return None
+
+
+@_record.register_fake
+def _():
+    return torch.empty(0)
+
+
+@_wait.register_fake
+def _(tensors):
     return None
 
 
@@ -73,7 +103,9 @@ def _(self, dependency):
 SCOPE_ENTER = torch.ops.rewrite_stream.scope_enter.default
 SCOPE_EXIT = torch.ops.rewrite_stream.scope_exit.default
 WAIT_TENSOR = torch.ops.rewrite_stream.wait_tensor.default
-MARKERS = (SCOPE_ENTER, SCOPE_EXIT, WAIT_TENSOR)
+RECORD = torch.ops.rewrite_stream.record.default
+WAIT = torch.ops.rewrite_stream.wait.default
+MARKERS = (SCOPE_ENTER, SCOPE_EXIT, WAIT_TENSOR, WAIT)
 for _op in MARKERS:
     has_side_effect(_op)
 
@@ -86,19 +118,25 @@ class stream_switch:  # noqa: N801 - a context manager used like a function, as 
 
     The same tag means the same stream. ``stream_priority`` is the CUDA stream priority, as for
     ``torch.cuda.Stream`` (lower is more urgent, clamped to the device's range); CPU worker
-    threads have no priority and ignore it.
+    threads have no priority and ignore it. ``enable_inner_parallel`` (TorchAir's third argument)
+    says whether the scope's own ops may be split further over streams; rewrite records it on
+    each node (``attrs["stream_inner_parallel"]``, shown in dumps) and never splits a tagged
+    scope, so both values run the scope's ops in order on its one stream.
     """
 
-    def __init__(self, stream_tag: str, stream_priority: int = 0):
+    def __init__(self, stream_tag: str, stream_priority: int = 0, enable_inner_parallel: bool = True):
         if not isinstance(stream_tag, str) or not stream_tag:
             raise TypeError(f"stream_switch: stream_tag must be a non-empty str, got {stream_tag!r}")
         if isinstance(stream_priority, bool) or not isinstance(stream_priority, int):
             raise TypeError(f"stream_switch: stream_priority must be an int, got {stream_priority!r}")
+        if not isinstance(enable_inner_parallel, bool):
+            raise TypeError(f"stream_switch: enable_inner_parallel must be a bool, got {enable_inner_parallel!r}")
         self.stream_tag = stream_tag
         self.stream_priority = stream_priority
+        self.enable_inner_parallel = enable_inner_parallel
 
     def __enter__(self):
-        torch.ops.rewrite_stream.scope_enter(self.stream_tag, self.stream_priority)
+        torch.ops.rewrite_stream.scope_enter(self.stream_tag, self.stream_priority, self.enable_inner_parallel)
         return self
 
     def __exit__(self, *exc):
@@ -116,6 +154,22 @@ def wait_tensor(self: torch.Tensor, dependency: torch.Tensor) -> torch.Tensor:
                         f"{type(self).__name__} and {type(dependency).__name__}")
     torch.ops.rewrite_stream.wait_tensor(self, dependency)
     return self
+
+
+def record() -> torch.Tensor:
+    """A token for the last op issued on the current stream before this call (pass it to `wait`)."""
+    return torch.ops.rewrite_stream.record()
+
+
+def wait(tensors) -> None:
+    """The next op issued on the current stream waits for each tensor's producer (or, for a
+    `record` token, for the op it stands for)."""
+    if tensors is None or len(tensors) == 0:
+        raise ValueError("rewrite.scope.wait() requires at least one tensor input")
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"arguments of rewrite.scope.wait() must be torch.Tensor, got {type(t).__name__}")
+    torch.ops.rewrite_stream.wait(list(tensors))
 
 
 # -- the pass: markers -> node attributes ------------------------------------------------------
@@ -145,20 +199,33 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
             f"graph {graph.name}: config.ge_config.enable_single_stream = True conflicts with the "
             "stream scopes (rewrite.scope.stream_switch / wait_tensor) in this graph; unset "
             "enable_single_stream or remove the scopes")
-    scopes: list[tuple[str, int, list[_PendingWait]]] = []  # innermost last
+    scopes: list[tuple[str, int, list[_PendingWait], bool]] = []  # innermost last
     outside_waits: list[_PendingWait] = []  # waits issued on the default stream
     priorities: dict[str, int] = {}
     markers: list[Node] = []
+    last_issued: dict = {}   # stream tag (None: default) -> the last op issued on it
+    queued: dict = {}        # stream tag -> nodes the next op issued on it waits for (rewrite.scope.wait)
+    tokens: dict = {}        # record node id -> the op it stands for (or None)
     for node in graph.nodes:
         if node.kind != "call":
             continue
+        current = scopes[-1][0] if scopes else None
         if node.target is SCOPE_ENTER:
             tag, priority = node.args[0], node.args[1]
+            inner = node.args[2] if len(node.args) > 2 else node.kwargs.get("enable_inner_parallel", True)
             if priorities.setdefault(tag, priority) != priority:
                 raise StreamScopeError(
                     f"graph {graph.name}: stream {tag!r} is given priority {priority} at {node} but "
                     f"{priorities[tag]} earlier; one stream has one priority")
-            scopes.append((tag, priority, []))
+            scopes.append((tag, priority, [], inner))
+            markers.append(node)
+        elif node.target is RECORD:
+            tokens[node.id] = last_issued.get(current)
+        elif node.target is WAIT:
+            for x in node.args[0]:
+                target = tokens.get(x.id) if x.id in tokens else x
+                if isinstance(target, Node) and target.kind == "call":
+                    queued.setdefault(current, []).append(target)
             markers.append(node)
         elif node.target is SCOPE_EXIT:
             if not scopes:
@@ -175,6 +242,11 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
             if scopes:
                 node.attrs["stream"] = scopes[-1][0]
                 node.attrs["stream_priority"] = scopes[-1][1]
+                node.attrs["stream_inner_parallel"] = scopes[-1][3]
+            for target in queued.pop(current, ()):
+                if target is not node and not any(d is target for d in node.waits):
+                    node.waits += (target,)
+            last_issued[current] = node
             inputs = node.inputs
             for w in waits:
                 if any(i is w.reads for i in inputs) and w.dependency is not node:
@@ -186,6 +258,9 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
     _warn_unmatched(graph, outside_waits, report)
     drop = {m.id for m in markers}
     graph.nodes = [n for n in graph.nodes if n.id not in drop]
+    # a record token read only by the wait markers is gone with them
+    read = {i.id for n in graph.nodes for i in n.inputs}
+    graph.nodes = [n for n in graph.nodes if not (n.id in tokens and n.id not in read)]
     tagged = sum(1 for n in graph.nodes if n.attrs.get("stream") is not None)
     waits = sum(len(n.waits) for n in graph.nodes)
     if report is not None:

@@ -52,11 +52,12 @@ def test_set_dim_gears_same_again_is_fine_different_is_an_error():
     set_dim_gears(x, {-2: [2, 4]})
     assert get_dim_gears(x) == {0: (2, 4)}  # negative dims are normalized
     set_dim_gears(x, {0: [2, 4]})  # the same gears again
-    set_dim_gears(x, {1: [3, 6]})  # another dim is added
-    assert get_dim_gears(x) == {0: (2, 4), 1: (3, 6)}
-    with pytest.raises(GearError, match=r"dim 0 of this tensor already has gears \[2, 4\].*different gears \[2, 8\]"):
+    with pytest.raises(GearError, match=r"already has gears \{0: \[2, 4\]\}.*different gears \{0: \[2, 8\]\}"):
         set_dim_gears(x, {0: [2, 8]})
-    assert get_dim_gears(x) == {0: (2, 4), 1: (3, 6)}
+    # issue 15 (TorchAir's rule): adding a dim is a different dict too
+    with pytest.raises(AssertionError, match=r"already has gears .*different gears \{1: \[3, 6\]\}"):
+        set_dim_gears(x, {1: [3, 6]})
+    assert get_dim_gears(x) == {0: (2, 4)}
 
 
 def test_set_dim_gears_marks_dims_dynamic():

@@ -36,16 +36,21 @@ MAX_GEAR_SIZE = 2**63 - 1  # torch sizes are int64
 _ATTR = "_rewrite_dim_gears"
 
 
-class GearError(ValueError):
-    """Gears were declared wrongly, or an input's shape is not one of the gears."""
+class GearError(ValueError, AssertionError):
+    """Gears were declared wrongly, or an input's shape is not one of the gears.
+
+    Also an AssertionError, because TorchAir raises AssertionError for the same mistakes and
+    ported scripts catch that."""
 
 
 def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
     """Declare the sizes dimension ``dim`` of ``tensor`` may take: ``dim_gears={dim: [values...]}``.
 
     Checked at once: ``dim`` must be in range for the tensor (negative dims count from the end),
-    values positive ints; a dim already given gears on this tensor may only be given the same
-    values again. The dims are marked dynamic for Dynamo, so one trace serves every gear.
+    values positive ints. A tensor that already has gears may only be given the same gears again
+    (TorchAir's rule, from the seed: the same tensor may not be given different gears twice; a
+    different value or an added dim is an error). The dims are marked dynamic for Dynamo, so one
+    trace serves every gear.
 
     Size 1: Dynamo specializes sizes 0 and 1 of backed symbols, so a batch-1 call would trace a
     second graph (as a gear it would be compiled twice; outside the gears it would bypass the gear
@@ -93,12 +98,12 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
                             "gears are allowed in total")
         normalized[d] = tuple(ints)
     existing: dict = getattr(tensor, _ATTR, {})
-    for d, values in normalized.items():
-        if d in existing and existing[d] != values:
-            raise GearError(f"set_dim_gears: dim {d} of this tensor already has gears {list(existing[d])}; "
-                            f"it cannot be set again to different gears {list(values)}")
-    merged = {**existing, **normalized}
-    setattr(tensor, _ATTR, merged)
+    if existing and existing != normalized:
+        have = {d: list(v) for d, v in sorted(existing.items())}
+        want = {d: list(v) for d, v in sorted(normalized.items())}
+        raise GearError(f"set_dim_gears: this tensor already has gears {have}; the same tensor cannot be given "
+                        f"different gears {want} (set them once, with every dim)")
+    setattr(tensor, _ATTR, normalized)
     size_oblivious.turn_on()
     for d in normalized:
         torch._dynamo.mark_dynamic(tensor, d)
