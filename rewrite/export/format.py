@@ -1,33 +1,40 @@
 """The graph part of the export format: a rewrite `Graph` <-> plain JSON data.
 
 The format is documented in docs/export_format.md; every change to what is written bumps
-`FORMAT_VERSION`. Reading is strict: an op, a Python function, a dtype or a name inside a shape
-expression that the format does not know is an error naming the node, never a silent guess, and
-nothing read from a file is ever evaluated as Python (shape expressions are checked against the
-graph's own symbol table before sympy parses them).
+`FORMAT_VERSION`. Reading is strict, because a graph file may be hostile: every field is checked
+against the format (checks.py) before it is used, ops come from an allow-list and each call is
+checked against its op's schema (allowlist.py), shape expressions are parsed by the format's own
+grammar (expr.py), and nothing read from a file is evaluated as Python. A field that does not fit
+is an `ExportError` naming the file and the field.
 
 Constants are not encoded here: the caller passes ``encode_constant(node)`` /
-``decode_constant(data, node_name)`` so the exporter decides what goes inline and what goes to a
+``decode_constant(data, where)`` so the exporter decides what goes inline and what goes to a
 weight file (see weights.py).
 """
 from __future__ import annotations
 
 import base64
-import importlib
+import logging
 import math
-import re
 from typing import Callable
 
 import sympy
 import torch
-import torch.utils._sympy.functions
 
 from .. import ops
+from ..exec.streams import StreamCycleError, order_with_waits, resolve_waits
 from ..ir import Graph, Node, SymbolInfo, SymMeta, TensorMeta
+from .allowlist import check_call, check_size_growth, resolve_op
+from .checks import (MAX_INT64, MAX_NUMEL, MIN_INT64, at, decode_device, decode_dtype, describe, dtype_name,
+                     expect_bool, expect_int, expect_list, expect_name, expect_object, expect_shape, expect_str, fail)
 from .errors import ExportError
+from .expr import FUNCTIONS, check_round_trip, parse_expr
+
+log = logging.getLogger("rewrite")
 
 __all__ = [
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
     "encode_graph",
     "decode_graph",
     "encode_meta",
@@ -41,26 +48,9 @@ __all__ = [
 # 2: ops are named as everywhere else in rewrite (`rewrite.ops.target_name`: ``mul``, not
 #    ``operator.mul``); wait edges are the node field ``waits``, not an attribute.
 FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
-# Version 1 wrote Python's operators as ``operator.<name>``.
-_V1_OPERATOR_PREFIX = "operator."
-
-# Custom-op namespaces that live in a rewrite module: importing it registers the ops.
-_NAMESPACE_MODULES = {"rewrite_stream": "rewrite.scope"}
-
-# Names a shape expression may use besides the graph's symbols: sympy's spelling of size math, and
-# torch's own sympy functions (printed by name, e.g. ``ModularIndexing(s0, 1, 4)``).
-_SHAPE_FUNCTIONS = {"Max", "Min", "floor", "ceiling", "Mod", "Abs", "True", "False", "Piecewise", "Eq", "Ne",
-                    "And", "Or", "Not", "oo"}
-_TORCH_SHAPE_FUNCTIONS = {}
-for _name in ("FloorDiv", "CeilDiv", "CleanDiv", "ModularIndexing", "PythonMod", "IntTrueDiv", "FloatTrueDiv",
-              "TruncToInt", "FloorToInt", "CeilToInt", "ToFloat", "PowByNatural", "Where"):
-    _fn = getattr(torch.utils._sympy.functions, _name, None)
-    if _fn is not None:
-        _TORCH_SHAPE_FUNCTIONS[_name] = _fn
-_SHAPE_FUNCTIONS |= set(_TORCH_SHAPE_FUNCTIONS)
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SHAPE_CHARS = re.compile(r"^[A-Za-z0-9_+\-*/%(), .<>=!&|~]*$")
+MAX_INLINE_BYTES = 16 << 20  # an inline tensor's data
 
 
 def target_name(target, node_name: str = "?") -> str:
@@ -75,46 +65,13 @@ def target_name(target, node_name: str = "?") -> str:
     return name
 
 
-def resolve_op(name: str, node_name: str = "?"):
-    """The callable an op name from a graph file stands for (inverse of `target_name`)."""
-    if not isinstance(name, str):
-        raise ExportError(f"node {node_name}: op {name!r} is not a string")
-    if name.startswith(_V1_OPERATOR_PREFIX) and name[len(_V1_OPERATOR_PREFIX):] in ops.SIZE_FUNCTIONS:
-        name = name[len(_V1_OPERATOR_PREFIX):]
-    if name in ops.SIZE_FUNCTIONS:
-        return ops.SIZE_FUNCTIONS[name]
-    parts = name.split(".")
-    if not ((parts[0] == "higher_order" and len(parts) == 2) or len(parts) == 3):
-        raise ExportError(f"node {node_name}: op {name!r} is not of the form namespace.op.overload, "
-                          "higher_order.op or one of the allowed Python functions")
-    namespace = parts[0]
-    if namespace in _NAMESPACE_MODULES:
-        importlib.import_module(_NAMESPACE_MODULES[namespace])
-    if namespace.startswith("_c10d") or namespace == "c10d":
-        importlib.import_module("torch.distributed")  # registers the collective ops
-    try:
-        return ops.target_from_name(name)
-    except ops.OpError:
-        raise ExportError(f"node {node_name}: op {name!r} is not registered in this torch {torch.__version__} "
-                          "(was the file written by a newer torch, or does it need an extension loaded?)") from None
-
-
 # -- scalars, dtypes and nested arguments ---------------------------------------------------------------
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _decode_dtype(name: str) -> torch.dtype:
-    value = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(value, torch.dtype):
-        raise ExportError(f"unknown dtype {name!r} in graph file")
-    return value
-
 
 _LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo}
 _MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
                    "preserve_format": torch.preserve_format, "channels_last_3d": torch.channels_last_3d}
+_FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+_ARG_KINDS = ("node", "tuple", "dict", "float", "dtype", "device", "layout", "memory_format", "tensor", "graph")
 
 
 def encode_arg(a, where: str):
@@ -122,6 +79,8 @@ def encode_arg(a, where: str):
     if a is None or isinstance(a, (bool, str)):
         return a
     if isinstance(a, int):
+        if not MIN_INT64 <= a <= MAX_INT64:
+            raise ExportError(f"{where}: integer {a} does not fit in 64 bits")
         return a
     if isinstance(a, float):
         return a if math.isfinite(a) else {"float": repr(a)}
@@ -136,7 +95,7 @@ def encode_arg(a, where: str):
             raise ExportError(f"{where}: dict argument with non-string keys {list(a)} cannot be exported")
         return {"dict": {k: encode_arg(v, where) for k, v in a.items()}}
     if isinstance(a, torch.dtype):
-        return {"dtype": _dtype_name(a)}
+        return {"dtype": dtype_name(a, where)}
     if isinstance(a, torch.device):
         return {"device": str(a)}
     if isinstance(a, torch.layout):
@@ -150,68 +109,81 @@ def encode_arg(a, where: str):
                       "layouts, memory formats and small tensors")
 
 
+def _from_table(table: dict, value, where: str, what: str):
+    if not isinstance(value, str) or value not in table:
+        raise fail(where, f"unknown {what} {describe(value)}; allowed are {sorted(table)}")
+    return table[value]
+
+
 def decode_arg(d, nodes: dict[str, Node], where: str, subgraph_decoder=None):
+    """An argument from its JSON data (inverse of `encode_arg`); ``nodes`` are the nodes defined so far."""
     if d is None or isinstance(d, (bool, str, int, float)):
         return d
     if isinstance(d, list):
-        return [decode_arg(x, nodes, where, subgraph_decoder) for x in d]
+        return [decode_arg(x, nodes, at(where, i), subgraph_decoder) for i, x in enumerate(d)]
     if not isinstance(d, dict) or len(d) != 1:
-        raise ExportError(f"{where}: malformed argument {d!r}")
+        raise fail(where, f"malformed argument: expected a JSON scalar, a list or an object with one key of "
+                          f"{list(_ARG_KINDS)}, got {describe(d)}")
     (key, value), = d.items()
+    inner = at(where, key)
     if key == "node":
-        if value not in nodes:
-            raise ExportError(f"{where}: reads node {value!r}, which is not defined before it")
+        if not isinstance(value, str) or value not in nodes:
+            name = repr(value) if isinstance(value, str) else describe(value)
+            raise fail(inner, f"reads node {name[:80]}, which is not defined before it")
         return nodes[value]
     if key == "tuple":
-        return tuple(decode_arg(x, nodes, where, subgraph_decoder) for x in value)
+        return tuple(decode_arg(x, nodes, at(inner, i), subgraph_decoder)
+                     for i, x in enumerate(expect_list(value, inner)))
     if key == "dict":
-        return {k: decode_arg(v, nodes, where, subgraph_decoder) for k, v in value.items()}
+        return {k: decode_arg(v, nodes, at(inner, k), subgraph_decoder)
+                for k, v in expect_object(value, inner).items()}
     if key == "float":
-        if value not in ("inf", "-inf", "nan"):
-            raise ExportError(f"{where}: malformed float {value!r}")
-        return float(value)
+        return _from_table(_FLOATS, value, inner, "float")
     if key == "dtype":
-        return _decode_dtype(value)
+        return decode_dtype(value, inner)
     if key == "device":
-        return torch.device(value)
-    if key == "layout" and value in _LAYOUTS:
-        return _LAYOUTS[value]
-    if key == "memory_format" and value in _MEMORY_FORMATS:
-        return _MEMORY_FORMATS[value]
+        return decode_device(value, inner)
+    if key == "layout":
+        return _from_table(_LAYOUTS, value, inner, "layout")
+    if key == "memory_format":
+        return _from_table(_MEMORY_FORMATS, value, inner, "memory format")
     if key == "tensor":
-        return decode_inline_tensor(value, where)
+        return decode_inline_tensor(value, inner)
     if key == "graph" and subgraph_decoder is not None:
-        return subgraph_decoder(value)
-    raise ExportError(f"{where}: unknown argument kind {key!r}")
+        return subgraph_decoder(value, inner)
+    raise fail(where, f"unknown argument kind {key!r}; allowed are {list(_ARG_KINDS)}")
 
 
 def encode_inline_tensor(t: torch.Tensor) -> dict:
     """A small tensor written into the graph file: dtype, shape and its raw little-endian bytes."""
     t = t.detach().to("cpu").contiguous()
     raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
+    return {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
 
 
-def decode_inline_tensor(d: dict, where: str = "constant") -> torch.Tensor:
+def decode_inline_tensor(d, where: str = "constant") -> torch.Tensor:
+    """The tensor of `encode_inline_tensor` data; its byte count is checked before base64 is decoded."""
+    expect_object(d, where, required=("dtype", "shape", "data"))
+    dtype = decode_dtype(d["dtype"], at(where, "dtype"))
+    shape = expect_shape(d["shape"], at(where, "shape"))
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes > MAX_INLINE_BYTES:
+        raise fail(at(where, "shape"), f"an inline tensor of {nbytes} bytes; at most {MAX_INLINE_BYTES} are allowed")
+    text = expect_str(d["data"], at(where, "data"), max_len=4 * (nbytes // 3 + 1))
     try:
-        dtype = _decode_dtype(d["dtype"])
-        shape = [int(s) for s in d["shape"]]
-        raw = base64.b64decode(d["data"], validate=True)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ExportError(f"{where}: malformed inline tensor ({e})") from None
-    numel = math.prod(shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(raw) != numel * itemsize:
-        raise ExportError(f"{where}: inline tensor holds {len(raw)} bytes, expected {numel * itemsize} "
-                          f"for {d['dtype']}{shape}")
-    if numel == 0:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError as e:
+        raise fail(at(where, "data"), f"is not base64: {e}") from None
+    if len(raw) != nbytes:
+        raise fail(at(where, "data"), f"holds {len(raw)} bytes, expected {nbytes} for {d['dtype']}{shape}")
+    if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone()
 
 
 # -- metas and shape expressions ------------------------------------------------------------------------
 
-def _encode_expr(e):
+def _encode_expr(e, where: str):
     e = sympy.sympify(e)
     if e.is_Integer:
         return int(e)
@@ -219,55 +191,69 @@ def _encode_expr(e):
         return bool(e)
     if e.is_Float:
         return float(e)
-    return str(e)
+    return check_round_trip(e, where)
 
 
-def _decode_expr(text, symbols: dict[str, sympy.Symbol], where: str):
-    if isinstance(text, bool):
-        return sympy.true if text else sympy.false
-    if isinstance(text, int):
-        return sympy.Integer(text)
-    if isinstance(text, float):
-        return sympy.Float(text)
-    if not isinstance(text, str) or not _SHAPE_CHARS.match(text) or "__" in text:
-        raise ExportError(f"{where}: malformed shape expression {text!r}")
-    for ident in _IDENT.findall(text):
-        if ident not in symbols and ident not in _SHAPE_FUNCTIONS:
-            raise ExportError(f"{where}: shape expression {text!r} uses {ident!r}, which is neither a symbol of "
-                              f"the graph ({sorted(symbols)}) nor an allowed function ({sorted(_SHAPE_FUNCTIONS)})")
-    try:
-        return sympy.sympify(text, locals={**_TORCH_SHAPE_FUNCTIONS, **symbols})
-    except (sympy.SympifyError, SyntaxError, TypeError) as e:
-        raise ExportError(f"{where}: cannot parse shape expression {text!r}: {e}") from None
+def _decode_expr(value, symbols: dict[str, sympy.Symbol], where: str):
+    if isinstance(value, bool):
+        return sympy.true if value else sympy.false
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    if isinstance(value, float):
+        return sympy.Float(value)
+    return parse_expr(value, symbols, where)
 
 
-def encode_meta(meta):
+def _decode_size(value, symbols: dict[str, sympy.Symbol], where: str) -> sympy.Expr:
+    """One dimension of a tensor meta: a non-negative int or a size expression."""
+    if isinstance(value, str):
+        return parse_expr(value, symbols, where)
+    return sympy.Integer(expect_int(value, where, 0, MAX_NUMEL))
+
+
+def encode_meta(meta, where: str = "meta"):
     if meta is None:
         return None
     if isinstance(meta, TensorMeta):
-        return {"dtype": _dtype_name(meta.dtype), "shape": [_encode_expr(s) for s in meta.shape],
+        return {"dtype": dtype_name(meta.dtype, where),
+                "shape": [_encode_expr(s, at(where, f"shape[{i}]")) for i, s in enumerate(meta.shape)],
                 "device": str(meta.device)}
     if isinstance(meta, SymMeta):
-        return {"sym": _encode_expr(meta.expr), "type": meta.pytype.__name__}
+        try:
+            return {"sym": _encode_expr(meta.expr, where), "type": meta.pytype.__name__}
+        except ExportError:
+            if meta.pytype is int:
+                raise
+            # A float/bool size value outside the grammar (``ToFloat(s0)/2``) is left unknown: nothing
+            # reads it back, and the value itself is computed when the graph runs.
+            log.debug("export: %s: %s meta %s written as unknown", where, meta.pytype.__name__, meta.expr)
+            return None
     if isinstance(meta, (tuple, list)):
-        return [encode_meta(m) for m in meta]
-    raise ExportError(f"cannot export node meta {meta!r}")
+        return [encode_meta(m, at(where, i)) for i, m in enumerate(meta)]
+    raise ExportError(f"{where}: cannot export node meta {meta!r}")
 
 
 _PYTYPES = {"int": int, "float": float, "bool": bool}
 
 
 def decode_meta(d, symbols: dict[str, sympy.Symbol], where: str):
+    """What a node produces: null, a tensor meta, a size meta or a list of those."""
     if d is None:
         return None
     if isinstance(d, list):
-        return tuple(decode_meta(m, symbols, where) for m in d)
+        return tuple(decode_meta(m, symbols, at(where, i)) for i, m in enumerate(expect_list(d, where, 10_000)))
+    expect_object(d, where)
     if "dtype" in d:
-        return TensorMeta(_decode_dtype(d["dtype"]), tuple(_decode_expr(s, symbols, where) for s in d["shape"]),
-                          torch.device(d.get("device", "cpu")))
-    if "sym" in d and d.get("type") in _PYTYPES:
-        return SymMeta(_decode_expr(d["sym"], symbols, where), _PYTYPES[d["type"]])
-    raise ExportError(f"{where}: malformed meta {d!r}")
+        expect_object(d, where, required=("dtype", "shape"), optional=("device",))
+        dims = expect_list(d["shape"], at(where, "shape"), max_len=64)
+        shape = tuple(_decode_size(s, symbols, at(at(where, "shape"), i)) for i, s in enumerate(dims))
+        if math.prod(int(s) for s in shape if s.is_Integer) > MAX_NUMEL:
+            raise fail(at(where, "shape"), f"{dims} has more than {MAX_NUMEL} elements")
+        return TensorMeta(decode_dtype(d["dtype"], at(where, "dtype")), shape,
+                          decode_device(d.get("device", "cpu"), at(where, "device")))
+    expect_object(d, where, required=("sym", "type"))
+    pytype = _from_table(_PYTYPES, d["type"], at(where, "type"), "size type")
+    return SymMeta(_decode_expr(d["sym"], symbols, at(where, "sym")), pytype)
 
 
 def make_symbol(name: str, lower: int = 0) -> sympy.Symbol:
@@ -277,22 +263,60 @@ def make_symbol(name: str, lower: int = 0) -> sympy.Symbol:
 
 # -- attributes -------------------------------------------------------------------------------------------
 
-# attrs the IR keeps for its own bookkeeping, written elsewhere in the node record or not at all.
-_INTERNAL_ATTRS = {"value", "name"}
+def _stream_tag(value, where: str):
+    if not isinstance(value, str) or not value:  # as rewrite.scope.stream_switch says it
+        raise fail(where, f"stream_tag must be a non-empty str, got {value!r}")
+    return expect_str(value, where)
+
+
+def _stream_priority(value, where: str):
+    if isinstance(value, bool) or not isinstance(value, int):  # as rewrite.scope.stream_switch says it
+        raise fail(where, f"stream_priority must be an int, got {value!r}")
+    return expect_int(value, where)
+
+
+def _module_stack(value, where: str):
+    return [expect_str(s, at(where, i), max_len=1024) for i, s in enumerate(expect_list(value, where, 1000))]
+
+
+# The attributes a graph file may carry (docs/export_format.md "Attributes"), each with its check;
+# the same rules as `rewrite.scope.stream_switch` for streams.
+ATTRS = {
+    "stream": _stream_tag,
+    "stream_priority": _stream_priority,
+    "module_stack": _module_stack,
+    "module_path": lambda v, where: expect_str(v, where, max_len=1024),
+    "side_effect": expect_bool,
+}
 
 
 def _encode_attrs(node: Node, keep: Callable[[str], bool]) -> dict:
     out = {}
     for key, value in node.attrs.items():
-        if key in _INTERNAL_ATTRS or not keep(key):
-            continue
-        try:
-            out[key] = encode_arg(value, f"node {node.name} attribute {key!r}")
-        except ExportError:
-            # An attribute only an in-process pass understands (an object, a callable) is not part
-            # of the exported program; the op itself is fully described without it.
-            continue
+        if key not in ATTRS or not keep(key):
+            continue  # passes' bookkeeping: never part of what the node computes
+        out[key] = encode_arg(value, f"node {node.name} attribute {key!r}")
     return out
+
+
+def _decode_attrs(node: Node, attrs, nodes: dict, where: str, version: int) -> tuple:
+    """Set the known attributes on ``node``; returns the node names of a version-1 ``wait_for``."""
+    waits = ()
+    for key, value in expect_object(attrs, where).items():
+        inner = at(where, key)
+        if key in ATTRS:
+            node.attrs[key] = ATTRS[key](value, inner)
+        elif key == "wait_for" and version == 1:  # version 1 kept wait edges as an attribute
+            waits = tuple(_node_ref(v, at(inner, i)) for i, v in enumerate(expect_list(value, inner)))
+        elif version >= 2:
+            raise fail(inner, f"unknown attribute; allowed are {sorted(ATTRS)}")
+    return waits
+
+
+def _node_ref(value, where: str) -> str:
+    """A version-1 ``{"node": name}`` reference."""
+    expect_object(value, where, required=("node",))
+    return expect_name(value["node"], at(where, "node"))
 
 
 # -- graphs ---------------------------------------------------------------------------------------------
@@ -331,7 +355,7 @@ def encode_graph(g: Graph, encode_constant: Callable[[Node], dict], keep_attr: C
             if n.kwargs:
                 record["kwargs"] = {k: _encode_with_graphs(v, where, encode_constant, keep_attr)
                                     for k, v in n.kwargs.items()}
-        record["meta"] = encode_meta(n.meta)
+        record["meta"] = encode_meta(n.meta, where)
         if n.waits:
             record["waits"] = [w.name for w in n.waits]
         attrs = _encode_attrs(n, keep_attr)
@@ -339,12 +363,6 @@ def encode_graph(g: Graph, encode_constant: Callable[[Node], dict], keep_attr: C
             record["attrs"] = attrs
         nodes.append(record)
     return {"name": g.name, "symbols": symbols, "nodes": nodes}
-
-
-def _waited(name, nodes: dict, where: str) -> Node:
-    if not isinstance(name, str) or name not in nodes:
-        raise ExportError(f"{where}: waits for {name!r}, which is not a node defined before it")
-    return nodes[name]
 
 
 def _encode_with_graphs(a, where, encode_constant, keep_attr):
@@ -358,72 +376,139 @@ def _encode_with_graphs(a, where, encode_constant, keep_attr):
     return encode_arg(a, where)
 
 
-def decode_graph(d: dict, decode_constant: Callable[[dict, str], object]) -> Graph:
-    """Rebuild a `Graph` from `encode_graph` data; every reference and op is checked."""
+# Fields of a node record, by kind: (required, optional).
+_NODE_FIELDS = {
+    "placeholder": (("name", "op"), ("meta", "waits", "attrs")),
+    "constant": (("name", "op", "value"), ("meta", "waits", "attrs")),
+    "output": (("name", "op", "args"), ()),
+    "call": (("name", "op"), ("args", "kwargs", "meta", "waits", "attrs")),
+}
+
+
+def _decode_symbols(entries, where: str) -> dict[str, tuple[sympy.Symbol, dict]]:
+    out = {}
+    for name, entry in expect_object(entries, where).items():
+        inner = at(where, name)
+        if expect_name(name, inner) in FUNCTIONS:
+            raise fail(inner, f"a symbol may not be named like a function of the shape grammar {sorted(FUNCTIONS)}")
+        expect_object(entry, inner, required=("lower", "upper"), optional=("input", "scalar_input"))
+        lower = expect_int(entry["lower"], at(inner, "lower"))
+        if entry["upper"] is not None:
+            expect_int(entry["upper"], at(inner, "upper"), lower)
+        out[name] = (make_symbol(name, lower), entry)
+    return out
+
+
+def _bind_symbols(g: Graph, table: dict, where: str) -> None:
+    """Record where each symbol is read from (a placeholder's dimension, or a size placeholder)."""
+    index = {p.name: i for i, p in enumerate(g.placeholders)}
+    for name, (sym, entry) in table.items():
+        inner = at(where, name)
+        info = SymbolInfo(None, None, entry["lower"], entry["upper"])
+        if "input" in entry:
+            pname, dim = expect_list(entry["input"], at(inner, "input"), length=2)
+            p = g.placeholders[index[pname]] if isinstance(pname, str) and pname in index else None
+            if p is None or not isinstance(p.meta, TensorMeta):
+                raise fail(at(inner, "input"), f"{describe(pname)} is not a tensor input of the graph")
+            info.input_index, info.dim = index[pname], expect_int(dim, at(at(inner, "input"), 1), 0, len(p.meta.shape) - 1)
+        if "scalar_input" in entry:
+            pname = entry["scalar_input"]
+            p = g.placeholders[index[pname]] if isinstance(pname, str) and pname in index else None
+            if p is None or not isinstance(p.meta, SymMeta):
+                raise fail(at(inner, "scalar_input"), f"{describe(pname)} is not a size input of the graph")
+            info.scalar_input_index = index[pname]
+        g.symbols[sym] = info
+
+
+class WaitCycleError(ExportError, StreamCycleError):
+    """A graph file's wait edges close a cycle: the load-time form of the compile-time error."""
+
+
+def _check_waits(g: Graph, where: str) -> None:
+    """A wait edge that closes a cycle is refused with the compile-time error; others put nodes in order."""
     try:
-        g = Graph(d["name"])
-        symbol_entries = d["symbols"]
-        records = d["nodes"]
-    except (KeyError, TypeError) as e:
-        raise ExportError(f"graph record is missing {e}") from None
-    symbols = {name: make_symbol(name, int(entry.get("lower") or 0)) for name, entry in symbol_entries.items()}
+        order_with_waits(g, resolve_waits(g))
+    except StreamCycleError as e:
+        raise WaitCycleError(f"{where}: {e}") from None
+    g.topo_sort()
+
+
+def decode_graph(d, decode_constant: Callable[[object, str], object], where: str = "graph",
+                 version: int = FORMAT_VERSION) -> Graph:
+    """Rebuild a `Graph` from `encode_graph` data; every field, reference, op and call is checked."""
+    expect_object(d, where, required=("name", "symbols", "nodes"))
+    g = Graph(expect_name(d["name"], at(where, "name"), dotted=True))
+    table = _decode_symbols(d["symbols"], at(where, "symbols"))
+    symbols = {name: sym for name, (sym, _) in table.items()}
     nodes: dict[str, Node] = {}
-    pending_attrs = []
+    pending_waits = []
 
-    def subgraph(data):
-        return decode_graph(data, decode_constant)
+    def subgraph(data, inner):
+        return decode_graph(data, decode_constant, inner, version)
 
-    for record in records:
-        name, op = record.get("name"), record.get("op")
-        where = f"node {name} ({op})"
-        if not isinstance(name, str) or name in nodes:
-            raise ExportError(f"{where}: missing or duplicate node name")
-        meta = decode_meta(record.get("meta"), symbols, where) if op != "output" else None
-        if op == "placeholder":
+    records = expect_list(d["nodes"], at(where, "nodes"))
+    for i, record in enumerate(records):
+        node_where = at(at(where, "nodes"), i)
+        expect_object(record, node_where)
+        name = expect_name(record.get("name"), at(node_where, "name"))
+        op = expect_str(record.get("op"), at(node_where, "op"), max_len=200)
+        node_where = f"{node_where} ({name})"
+        if name in nodes:
+            raise fail(node_where, f"a second node named {name!r}")
+        kind = op if op in _NODE_FIELDS else "call"
+        expect_object(record, node_where, *_NODE_FIELDS[kind])
+        meta = decode_meta(record.get("meta"), symbols, at(node_where, "meta"))
+        if kind == "placeholder":
+            if not isinstance(meta, (TensorMeta, SymMeta)):
+                raise fail(at(node_where, "meta"), "a graph input needs a tensor or size meta")
             node = g.placeholder(name, meta)
-        elif op == "constant":
-            value = record.get("value")
+        elif kind == "constant":
+            value = record["value"]
             if isinstance(value, dict) and "graph" in value:
-                node = g.constant(subgraph(value["graph"]), meta)
+                value = subgraph(expect_object(value, at(node_where, "value"), ("graph",))["graph"],
+                                 at(at(node_where, "value"), "graph"))
             else:
-                node = g.constant(decode_constant(value, name), meta)
+                value = decode_constant(value, at(node_where, "value"))
+            node = g.constant(value, meta)
             node.name = name
-        elif op == "output":
-            args = [decode_arg(a, nodes, where, subgraph) for a in record.get("args", [])]
-            g.set_output(args[0])
+        elif kind == "output":
+            inner = at(at(node_where, "args"), 0)
+            outputs = decode_arg(expect_list(record["args"], at(node_where, "args"), length=1)[0], nodes, inner)
+            if not isinstance(outputs, (tuple, list)) or not all(isinstance(o, Node) for o in outputs):
+                raise fail(inner, "a graph returns a tuple of node references")
+            g.set_output(outputs)
+            if i != len(records) - 1:
+                raise fail(node_where, "the output node must be the last node")
             continue
         else:
-            target = resolve_op(op, name)
-            args = tuple(decode_arg(a, nodes, where, subgraph) for a in record.get("args", []))
-            kwargs = {k: decode_arg(v, nodes, where, subgraph) for k, v in record.get("kwargs", {}).items()}
+            target = resolve_op(op, at(node_where, "op"))
+            args = tuple(decode_arg(a, nodes, at(at(node_where, "args"), j), subgraph)
+                         for j, a in enumerate(expect_list(record.get("args", []), at(node_where, "args"))))
+            kwargs = {k: decode_arg(v, nodes, at(at(node_where, "kwargs"), k), subgraph)
+                      for k, v in expect_object(record.get("kwargs", {}), at(node_where, "kwargs")).items()}
+            check_call(target, args, kwargs, node_where)
             node = g.call(target, args, kwargs, meta)
             node.name = name
         nodes[name] = node
-        node.waits = tuple(_waited(w, nodes, where) for w in record.get("waits", ()))
-        if record.get("attrs"):
-            pending_attrs.append((node, record["attrs"], where))
-    for node, attrs, where in pending_attrs:
-        for key, value in attrs.items():
-            decoded = decode_arg(value, nodes, f"{where} attribute {key!r}")
-            if key == "wait_for":  # version 1 kept wait edges as an attribute
-                node.waits += tuple(_waited(w.name, nodes, where) for w in decoded if isinstance(w, Node))
-            else:
-                node.attrs[key] = decoded
-    placeholder_index = {p.name: i for i, p in enumerate(g.placeholders)}
-    for name, entry in symbol_entries.items():
-        info = SymbolInfo(None, None, int(entry.get("lower") or 0), entry.get("upper"))
-        if "input" in entry:
-            pname, dim = entry["input"]
-            if pname not in placeholder_index:
-                raise ExportError(f"symbol {name} is read from {pname!r}, which is not a graph input")
-            info.input_index, info.dim = placeholder_index[pname], int(dim)
-        if "scalar_input" in entry:
-            if entry["scalar_input"] not in placeholder_index:
-                raise ExportError(f"symbol {name} is read from {entry['scalar_input']!r}, which is not a graph input")
-            info.scalar_input_index = placeholder_index[entry["scalar_input"]]
-        g.symbols[symbols[name]] = info
+        waits = tuple(expect_name(w, at(at(node_where, "waits"), j))
+                      for j, w in enumerate(expect_list(record.get("waits", []), at(node_where, "waits"))))
+        if "attrs" in record:
+            waits += _decode_attrs(node, record["attrs"], nodes, at(node_where, "attrs"), version)
+        if waits:
+            pending_waits.append((node, waits, at(node_where, "waits")))
+    if not records or records[-1].get("op") != "output":
+        raise fail(at(where, "nodes"), "the graph has no output node (it must be the last node)")
+    for node, waits, inner in pending_waits:
+        missing = [w for w in waits if w not in nodes]
+        if missing:
+            raise fail(inner, f"waits for {missing}, which are not nodes of this graph")
+        node.waits = tuple(nodes[w] for w in waits)
+    _bind_symbols(g, table, at(where, "symbols"))
+    check_size_growth(g, where)
+    if pending_waits:
+        _check_waits(g, where)
     try:
         g.validate()
     except ValueError as e:
-        raise ExportError(f"graph {g.name} in the file is malformed: {e}") from None
+        raise fail(where, f"malformed graph: {e}") from None
     return g

@@ -1,15 +1,17 @@
 """`rewrite.load`: run an exported graph with the rewrite executor, without Dynamo or the model's code.
 
-Loading validates before it runs: the format and version of the graph file, every weight file's
-size and sha256, every op name; for a multi-rank export, the manifest, the rank's graph file
-checksum and the process group. Each call then checks its arguments against the traced
+The folder may be hostile (docs/export_format.md, "Security"). Loading validates everything before
+it runs anything: the format and version of the graph file, every field of it (checks.py), every
+op against the allow-list and its schema (allowlist.py), every shape expression against the
+format's grammar (expr.py), the recorded shapes against shape inference, every path against the
+folder, every weight file's size and sha256; for a multi-rank export, the manifest, the rank's
+graph file checksum and the process group. Each call then checks its arguments against the traced
 signature (dtypes, static sizes, the range of each size symbol) and names the input that does
 not fit, instead of failing deep inside a kernel.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
@@ -19,85 +21,133 @@ import torch
 
 from .. import exec as rexec
 from ..config import CompilerConfig
+from ..fx_bridge import CompileError
+from ..gears import GearError
 from ..ir import Graph, SymMeta, TensorMeta
 from ..report import GraphReport
+from . import checks
+from .checks import (at, confined_path, describe, expect_bool, expect_file_name, expect_int, expect_list, expect_object,
+                     expect_sha256, expect_shape, expect_str, fail)
 from .errors import ExportError
-from .format import FORMAT_VERSION, decode_graph
-from .signature import InputBinder, build_result, scalar_value
+from .format import FORMAT_VERSION, READABLE_VERSIONS, decode_graph
+from .signature import InputBinder, build_result, check_input_spec, check_output_spec, scalar_value
 from .weights import WeightReader
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["load", "ExportedModel", "read_json", "check_header"]
+__all__ = ["load", "ExportedModel", "read_json", "check_header", "decode_gears"]
 
 MANIFEST_FORMAT = "rewrite.export.manifest"
+GRAPH_FORMAT = "rewrite.export"
+
+# Top-level fields of a graph file: (required, optional); see docs/export_format.md "The graph file".
+_PROGRAM_FIELDS = (("format", "version", "name", "dynamic", "inputs", "bindings", "outputs", "graph", "weights"),
+                   ("producer", "rank", "world_size", "gears", "collectives", "process_groups", "module_stack", "dump",
+                    "onnx"))
+_MANIFEST_FIELDS = (("format", "version", "name", "world_size", "ranks", "process_groups"), ("backend", "collectives"))
+MAX_WORLD_SIZE = 1 << 16
 
 
 def read_json(path: str, what: str) -> tuple[dict, bytes]:
-    if not os.path.isfile(path):
-        raise ExportError(f"{what} {path} is missing")
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ExportError(f"{what} {path} is not valid JSON (truncated or edited?): {e}") from None
-    if not isinstance(data, dict):
-        raise ExportError(f"{what} {path} does not hold a JSON object")
-    return data, raw
+    """A JSON object file of an export, checked for size, depth and well-formed numbers (checks.read_json)."""
+    return checks.read_json(path, f"{what} {path}", os.path.basename(path))
 
 
-def check_header(data: dict, path: str, expected_format: str) -> None:
+def check_header(data: dict, where: str, expected_format: str) -> int:
+    """The format and version fields; returns the version."""
     fmt, version = data.get("format"), data.get("version")
     if fmt != expected_format:
-        raise ExportError(f"{path} is not a {expected_format} file (format field is {fmt!r})")
-    if not isinstance(version, int):
-        raise ExportError(f"{path} has no integer format version (got {version!r})")
+        raise ExportError(f"{where} is not a {expected_format} file (format field is {describe(fmt)})")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ExportError(f"{where}: version: expected an integer format version, got {describe(version)}")
     if version > FORMAT_VERSION:
-        raise ExportError(f"{path} was written in format version {version}, but this rewrite reads versions up to "
+        raise ExportError(f"{where} was written in format version {version}, but this rewrite reads versions up to "
                           f"{FORMAT_VERSION}; upgrade rewrite to load it")
-    if version < 1:
-        raise ExportError(f"{path} has format version {version}; versions start at 1")
+    if version not in READABLE_VERSIONS:
+        raise ExportError(f"{where}: version: {version} is not a format version this rewrite reads "
+                          f"({list(READABLE_VERSIONS)})")
+    return version
+
+
+def _check_program(program: dict, where: str) -> int:
+    """The graph file's top-level fields (the nested ones are checked where they are decoded)."""
+    version = check_header(program, where, GRAPH_FORMAT)
+    expect_object(program, where, *_PROGRAM_FIELDS)
+    expect_file_name(program["name"], at(where, "name"))
+    expect_bool(program["dynamic"], at(where, "dynamic"))
+    expect_bool(program.get("module_stack", False), at(where, "module_stack"))
+    for key in ("rank", "world_size"):
+        if program.get(key) is not None:
+            expect_int(program[key], at(where, key), 0, MAX_WORLD_SIZE)
+    for key, value in expect_object(program.get("producer", {}), at(where, "producer")).items():
+        expect_str(value, at(at(where, "producer"), key))
+    for i, entry in enumerate(expect_list(program.get("collectives", []), at(where, "collectives"))):
+        expect_object(entry, at(at(where, "collectives"), i))
+    _check_process_groups(program.get("process_groups", {}), at(where, "process_groups"))
+    if "dump" in program:
+        expect_str(program["dump"], at(where, "dump"), max_len=1024)
+    if "onnx" in program:
+        expect_file_name(program["onnx"], at(where, "onnx"))
+    return version
+
+
+def _check_process_groups(groups, where: str, world_size: int = MAX_WORLD_SIZE) -> dict:
+    for name, info in expect_object(groups, where).items():
+        inner = at(where, name)
+        expect_object(info, inner, required=("ranks", "world"))
+        ranks = expect_list(info["ranks"], at(inner, "ranks"), max_len=world_size)
+        for i, r in enumerate(ranks):
+            expect_int(r, at(at(inner, "ranks"), i), 0, world_size - 1)
+        if len(set(ranks)) != len(ranks):
+            raise fail(at(inner, "ranks"), f"{ranks} names a rank twice")
+        expect_bool(info["world"], at(inner, "world"))
+    return groups
 
 
 class ExportedModel:
     """A loaded export: call it like the model (same arguments, same shape of result)."""
 
     def __init__(self, program: dict, weights: WeightReader, config: CompilerConfig | None = None,
-                 group_names: dict | None = None, use_gears: bool = True):
+                 group_names: dict | None = None, use_gears: bool = True, where: str = "graph file"):
+        version = _check_program(program, where)
         self.program = program
         self.use_gears = use_gears
         self.config = config if config is not None else CompilerConfig()
-        self.report = GraphReport(f"load:{program.get('name')}")
+        self.report = GraphReport(f"load:{program['name']}")
         with self.report.stage("decode"):
-            self.graph = decode_graph(program["graph"], weights.decode_constant)
+            self.graph = decode_graph(program["graph"], weights.decode_constant, at(where, "graph"), version)
+            _check_metas(self.graph, at(where, "graph"))
+            leaf_types = check_input_spec(program["inputs"], at(where, "inputs"))
+            _check_bindings(program["bindings"], self.graph, leaf_types, at(where, "bindings"))
+            outs = self.graph.outputs
+            check_output_spec(program["outputs"], at(where, "outputs"),
+                              len(outs) if isinstance(outs, (tuple, list)) else 1, len(leaf_types))
+            gears = program.get("gears")
+            self._gears = decode_gears(gears, self.graph, at(where, "gears")) if gears is not None else None
         if group_names:
             _rename_process_groups(self.graph, group_names)
         self._binder = InputBinder(program["inputs"])
         self._bindings = program["bindings"]
-        placeholders = self.graph.placeholders
-        if [b["placeholder"] for b in self._bindings] != [p.name for p in placeholders]:
-            raise ExportError("the graph file's bindings do not match the graph's inputs "
-                              f"({[b['placeholder'] for b in self._bindings]} vs {[p.name for p in placeholders]})")
         self._outputs = program["outputs"]
         self._symbols = {str(s): (s, info) for s, info in self.graph.symbols.items()}
         self._checks = self._input_checks()
         self._bound_leaves = {b["leaf"] for b in self._bindings if "leaf" in b}
         self._scalar_guards = _scalar_guards(program["inputs"], self._bound_leaves)
         with self.report.stage("build"):
-            self._fn = self._build()
+            try:
+                self._fn = self._build()
+            except (CompileError, GearError) as e:
+                raise ExportError(f"{at(where, 'graph')}: the graph does not compile: {e}") from e
 
     # -- building ------------------------------------------------------------------------------
     def _build(self):
         def build_static(g: Graph):
             return rexec.build_executable(g, self.config, self.report)
 
-        gears = self.program.get("gears")
-        if gears and self.use_gears:
+        if self._gears is not None and self.use_gears:
             from .. import gears as rgears
 
-            spec = decode_gears(gears, self.graph)
-            return rgears.compile_dynamic(self.graph, spec, self.config, self.report, build_static, 0)
+            return rgears.compile_dynamic(self.graph, self._gears, self.config, self.report, build_static, 0)
         return build_static(self.graph)
 
     def _input_checks(self):
@@ -175,22 +225,97 @@ class ExportedModel:
                 f"dynamic={p.get('dynamic')}, rank={p.get('rank')})")
 
 
-def decode_gears(data: dict, graph: Graph):
-    """The `GearSpec` of a graph file's ``gears`` record, with inputs indexed in ``graph``."""
-    from ..gears import GearSpec
-    from ..gears.spec import InputGears
+def _check_metas(graph: Graph, where: str) -> None:
+    """The recorded shapes must be what the ops compute (shape inference), so no meta in a file can
+    make the executor or the folding of a geared load plan for sizes the ops do not produce."""
+    from ..shape import ShapeInferenceError, infer_graph
 
-    index = {p.name: i for i, p in enumerate(graph.placeholders)}
     try:
-        for entry in data["inputs"]:
-            if entry["placeholder"] not in index:
-                raise ExportError(f"gears name input {entry['placeholder']!r}, which the graph does not have")
-        inputs = tuple(InputGears(index[e["placeholder"]], e["name"], {int(d): tuple(v) for d, v in e["dims"].items()},
-                                  tuple(e["shape"])) for e in data["inputs"])
-        gears = tuple({(index[name], int(dim)): int(size) for name, dim, size in gear} for gear in data["gears"])
-        return GearSpec(inputs, gears, data["policy"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ExportError(f"malformed gears record in graph file: {e!r}") from None
+        infer_graph(graph, check=True)
+    except ShapeInferenceError as e:
+        raise fail(where, f"the recorded shapes do not match the ops: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a meta kernel refusing the file's arguments
+        raise fail(where, f"the shapes of the graph cannot be computed: {type(e).__name__}: {e}") from None
+
+
+def _check_bindings(bindings, graph: Graph, leaf_types: list[str], where: str) -> None:
+    """One binding per graph input: a leaf of the call of the matching kind, or a size read off a tensor input."""
+    placeholders = graph.placeholders
+    expect_list(bindings, where, length=len(placeholders))
+    for i, (b, p) in enumerate(zip(bindings, placeholders)):
+        inner = at(where, i)
+        expect_object(b, inner, required=("placeholder",), optional=("leaf", "symbol"))
+        if b["placeholder"] != p.name:
+            raise fail(at(inner, "placeholder"), f"expected graph input {p.name!r}, got {describe(b['placeholder'])}")
+        if ("leaf" in b) == ("symbol" in b) or not isinstance(p.meta, (TensorMeta, SymMeta)):
+            raise fail(inner, "a binding takes exactly one of leaf or symbol, for an input with a tensor or size meta")
+        if "leaf" in b:
+            leaf = expect_int(b["leaf"], at(inner, "leaf"), 0, len(leaf_types) - 1)
+            if (leaf_types[leaf] == "tensor") != isinstance(p.meta, TensorMeta):
+                raise fail(at(inner, "leaf"), f"leaf {leaf} is a {leaf_types[leaf]}, graph input {p.name} takes "
+                                              f"{'a tensor' if isinstance(p.meta, TensorMeta) else 'a size'}")
+    leaf_bound = {p.name for b, p in zip(bindings, placeholders) if "leaf" in b}
+    for i, b in enumerate(bindings):
+        if "symbol" not in b:
+            continue
+        sym = next((s for s in graph.symbols if str(s) == b["symbol"]), None)
+        info = graph.symbols.get(sym)
+        source = placeholders[info.input_index] if info is not None and info.input_index is not None else None
+        if source is None or source.name not in leaf_bound or source.meta.shape[info.dim] != sym:
+            raise fail(at(at(where, i), "symbol"), f"{describe(b['symbol'])} is not a size symbol read off a tensor "
+                                                   "input of the call (graph.symbols says where each one is read)")
+
+
+def decode_gears(data, graph: Graph, where: str = "gears"):
+    """The `GearSpec` of a graph file's ``gears`` record, checked with the rules of `set_dim_gears`."""
+    from ..gears import GearSpec
+    from ..gears.spec import MAX_GEARS, InputGears, merge_gears
+
+    expect_object(data, where, required=("policy", "inputs", "gears"))
+    policy = data["policy"]
+    if policy not in ("zip", "product"):
+        raise fail(at(where, "policy"), f"expected 'zip' or 'product', got {describe(policy)}")
+    index = {p.name: i for i, p in enumerate(graph.placeholders) if isinstance(p.meta, TensorMeta)}
+    inputs = {}
+    for i, entry in enumerate(expect_list(data["inputs"], at(where, "inputs"), max_len=len(index))):
+        inner = at(at(where, "inputs"), i)
+        expect_object(entry, inner, required=("placeholder", "name", "dims", "shape"))
+        name = entry["placeholder"]
+        if not isinstance(name, str) or name not in index or name in inputs:
+            raise fail(at(inner, "placeholder"), f"{describe(name)} is not a tensor input of the graph (or is "
+                                                 "given twice)")
+        rank = len(graph.placeholders[index[name]].meta.shape)
+        dims = {}
+        for key, values in expect_object(entry["dims"], at(inner, "dims")).items():
+            if not key.isdigit() or int(key) >= rank:
+                raise fail(at(inner, "dims"), f"dim {key!r} is not a dimension of a rank-{rank} input")
+            values = expect_list(values, at(at(inner, "dims"), key), max_len=MAX_GEARS)
+            dims[int(key)] = tuple(expect_int(v, at(at(at(inner, "dims"), key), j), 1) for j, v in enumerate(values))
+            if not values:
+                raise fail(at(at(inner, "dims"), key), "gears of a dim must be a non-empty list of positive ints")
+        inputs[name] = InputGears(index[name], expect_str(entry["name"], at(inner, "name"), max_len=1024), dims,
+                                  tuple(expect_shape(entry["shape"], at(inner, "shape"))))
+    gears = []
+    for i, gear in enumerate(expect_list(data["gears"], at(where, "gears"), max_len=MAX_GEARS)):
+        inner = at(at(where, "gears"), i)
+        sizes = {}
+        for j, triple in enumerate(expect_list(gear, inner, max_len=MAX_GEARS)):
+            name, dim, size = expect_list(triple, at(inner, j), length=3)
+            declared = inputs[name].dims.get(dim, ()) if isinstance(name, str) and name in inputs and isinstance(
+                dim, int) else ()
+            if not isinstance(size, int) or isinstance(size, bool) or size not in declared:
+                raise fail(at(inner, j), f"[{name!r}, {dim!r}, {size!r}] is not a size declared in gears.inputs")
+            sizes[(index[name], dim)] = size
+        gears.append(sizes)
+    try:
+        allowed = merge_gears(list(inputs.values()), policy)
+    except GearError as e:
+        raise fail(where, str(e)) from None
+    stray = next((g for g in gears if g not in allowed), None)
+    if stray is not None or not gears:
+        raise fail(at(where, "gears"), f"gear {stray} is not one of the gears the inputs declare with policy "
+                                       f"{policy!r}" if gears else "no gears are listed")
+    return GearSpec(tuple(inputs.values()), tuple(gears), policy)
 
 
 def _walk_leaves(spec: dict):
@@ -261,55 +386,79 @@ def load(export_path: str = "export_file", export_name: str = "export", *, confi
     A single-rank export is ``{export_name}.json``. A multi-rank export has a manifest
     ``{export_name}_manifest.json``; each process loads its own rank (``torch.distributed.get_rank()``,
     or ``rank=``) and needs an initialized process group of the exported world size.
+
+    The folder may be hostile (docs/export_format.md, "Security"): everything read is checked, and
+    anything that does not fit the format is an `ExportError` naming the file and field.
     """
     if not isinstance(export_path, (str, os.PathLike)):
         raise TypeError(f"export_path must be a path, got {type(export_path).__name__}")
     export_path = os.fspath(export_path)
+    expect_file_name(export_name, "export_name")
     if not os.path.isdir(export_path):
         raise ExportError(f"export folder {export_path} does not exist")
     t0 = time.perf_counter()
-    single = os.path.join(export_path, f"{export_name}.json")
-    manifest_path = os.path.join(export_path, f"{export_name}_manifest.json")
+    try:
+        model = _load(export_path, export_name, config, rank)
+    except ExportError:
+        raise
+    except (LookupError, TypeError, ValueError, AttributeError, ArithmeticError, RecursionError, MemoryError,
+            CompileError) as e:
+        # Every field is checked on the way in; this is the last line of defence, not the design.
+        log.warning("rewrite.load: unexpected %s while loading %s", type(e).__name__, export_path, exc_info=True)
+        raise ExportError(f"{export_path}: the export is malformed ({type(e).__name__}: {e})") from e
+    log.info("loaded %s in %.3f s: %r", export_path, time.perf_counter() - t0, model)
+    return model
+
+
+def _load(export_path: str, export_name: str, config, rank) -> ExportedModel:
+    single_name, manifest_name = f"{export_name}.json", f"{export_name}_manifest.json"
+    single = confined_path(export_path, single_name, "export_name")
+    manifest_path = confined_path(export_path, manifest_name, "export_name")
     group_names = None
-    if os.path.isfile(single):
-        path = single
-        expected_sha = None
-    elif os.path.isfile(manifest_path):
+    if os.path.lexists(single):
+        path, label, expected_sha = single, single_name, None
+    elif os.path.lexists(manifest_path):
         manifest, _ = read_json(manifest_path, "manifest")
-        check_header(manifest, manifest_path, MANIFEST_FORMAT)
-        rank, entry, group_names = _rank_entry(manifest, manifest_path, rank)
-        path = os.path.join(export_path, entry["graph"])
+        check_header(manifest, manifest_name, MANIFEST_FORMAT)
+        rank, entry, group_names = _rank_entry(manifest, manifest_name, rank)
+        label = entry["graph"]
+        path = confined_path(export_path, label, at(manifest_name, "ranks"))
         expected_sha = entry["graph_sha256"]
     else:
-        found = sorted(f for f in os.listdir(export_path) if f.endswith(".json"))
-        raise ExportError(f"{export_path} holds neither {export_name}.json nor {export_name}_manifest.json "
+        found = sorted(f for f in os.listdir(export_path) if f.endswith(".json"))[:20]
+        raise ExportError(f"{export_path} holds neither {single_name} nor {manifest_name} "
                           f"(json files there: {found}); pass the export_name used when exporting")
     program, raw = read_json(path, "graph file")
     if expected_sha is not None and hashlib.sha256(raw).hexdigest() != expected_sha:
         raise ExportError(f"graph file {path} does not match the checksum in the manifest (altered after export)")
-    check_header(program, path, "rewrite.export")
-    weights = WeightReader(export_path, program.get("weights", {}))
+    _check_program(program, label)
+    weights = WeightReader(export_path, program["weights"], where=at(label, "weights"))
     weights.verify_all()
-    try:
-        model = ExportedModel(program, weights, config, group_names)
-    except KeyError as e:
-        raise ExportError(f"graph file {path} is missing field {e}") from None
-    log.info("loaded %s in %.3f s: %r", path, time.perf_counter() - t0, model)
-    return model
+    return ExportedModel(program, weights, config, group_names, where=label)
 
 
-def _rank_entry(manifest: dict, path: str, rank: int | None):
+def _rank_entry(manifest: dict, where: str, rank: int | None):
+    """This process's entry of a checked manifest, and its process groups."""
     import torch.distributed as dist
 
-    world_size = manifest["world_size"]
+    expect_object(manifest, where, *_MANIFEST_FIELDS)
+    world_size = expect_int(manifest["world_size"], at(where, "world_size"), 1, MAX_WORLD_SIZE)
+    entries = {}
+    for i, entry in enumerate(expect_list(manifest["ranks"], at(where, "ranks"), max_len=world_size)):
+        inner = at(at(where, "ranks"), i)
+        expect_object(entry, inner, required=("rank", "graph", "graph_sha256"), optional=("dir",))
+        r = expect_int(entry["rank"], at(inner, "rank"), 0, world_size - 1)
+        expect_file_name(entry["graph"], at(inner, "graph"))
+        expect_sha256(entry["graph_sha256"], at(inner, "graph_sha256"))
+        entries[r] = entry
+    _check_process_groups(manifest["process_groups"], at(where, "process_groups"), world_size)
     if not (dist.is_available() and dist.is_initialized()):
-        raise ExportError(f"{path} is a {world_size}-rank export; initialize torch.distributed with "
+        raise ExportError(f"{where} is a {world_size}-rank export; initialize torch.distributed with "
                           f"world_size={world_size} in each process before rewrite.load")
     if dist.get_world_size() != world_size:
-        raise ExportError(f"{path} was exported for world_size={world_size}, this process group has "
+        raise ExportError(f"{where} was exported for world_size={world_size}, this process group has "
                           f"{dist.get_world_size()}")
     rank = dist.get_rank() if rank is None else rank
-    entries = {e["rank"]: e for e in manifest["ranks"]}
     if rank not in entries:
-        raise ExportError(f"{path} has no entry for rank {rank} (ranks: {sorted(entries)})")
+        raise ExportError(f"{where} has no entry for rank {rank} (ranks: {sorted(entries)})")
     return rank, entries[rank], _resolve_groups(manifest)

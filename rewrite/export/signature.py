@@ -19,9 +19,11 @@ import math
 
 import torch
 
+from .checks import at, describe, expect_int, expect_list, expect_name, expect_object, fail
 from .errors import ExportError
 
-__all__ = ["describe_inputs", "describe_outputs", "InputBinder", "build_result"]
+__all__ = ["describe_inputs", "describe_outputs", "InputBinder", "build_result", "check_input_spec",
+           "check_output_spec"]
 
 _SCALARS = (bool, int, float)
 
@@ -148,23 +150,15 @@ class InputBinder:
         return leaves
 
     def _walk(self, struct, value, where, leaves):
-        if isinstance(struct, list):
-            if not isinstance(value, list) or len(value) != len(struct):
-                raise ExportError(f"input {where}: expected a list of {len(struct)}, got {_describe(value)}")
-            for i, (s, v) in enumerate(zip(struct, value)):
-                self._walk(s, v, f"{where}[{i}]", leaves)
-        elif "tuple" in struct:
-            items = struct["tuple"]
-            if not isinstance(value, tuple) or len(value) != len(items):
-                raise ExportError(f"input {where}: expected a tuple of {len(items)}, got {_describe(value)}")
-            for i, (s, v) in enumerate(zip(items, value)):
-                self._walk(s, v, f"{where}[{i}]", leaves)
-        elif "dict" in struct:
-            items = struct["dict"]
-            if not isinstance(value, dict) or set(value) != set(items):
-                raise ExportError(f"input {where}: expected a dict with keys {sorted(items)}, got {_describe(value)}")
-            for k, s in items.items():
-                self._walk(s, value[k], f"{where}[{k!r}]", leaves)
+        container = _container(struct)
+        if container is not None:
+            kind, items = container
+            ok = isinstance(value, kind) and (set(value) == set(items) if kind is dict else len(value) == len(items))
+            if not ok:
+                wanted = f"a dict with keys {sorted(items)}" if kind is dict else f"a {kind.__name__} of {len(items)}"
+                raise ExportError(f"input {where}: expected {wanted}, got {_describe(value)}")
+            for key, s in items.items():
+                self._walk(s, value[key], _child(where, key), leaves)
         elif "const" in struct:
             if value != struct["const"]:
                 raise ExportError(f"input {where}: the model was exported with {struct['const']!r}, got {value!r}")
@@ -175,6 +169,24 @@ class InputBinder:
             if not ok:
                 raise ExportError(f"input {where}: expected a {kind}, got {_describe(value)}")
             leaves.append(value)
+
+
+def _container(struct, where: str = "structure"):
+    """``(list | tuple | dict, {key: child})`` for a container structure (checked to be one), None for a leaf."""
+    if isinstance(struct, list):
+        return list, dict(enumerate(struct))
+    expect_object(struct, where)
+    if "tuple" in struct:
+        expect_object(struct, where, required=("tuple",))
+        return tuple, dict(enumerate(expect_list(struct["tuple"], at(where, "tuple"))))
+    if "dict" in struct:
+        expect_object(struct, where, required=("dict",))
+        return dict, expect_object(struct["dict"], at(where, "dict"))
+    return None
+
+
+def _child(where: str, key) -> str:
+    return f"{where}[{key!r}]" if isinstance(key, str) else f"{where}[{key}]"
 
 
 def _describe(value) -> str:
@@ -189,6 +201,87 @@ def _describe(value) -> str:
 
 def scalar_value(struct_leaf: dict):
     return _decode_scalar(struct_leaf.get("value"))
+
+
+# -- reading structures from a file ------------------------------------------------------------------
+
+_LEAF_TYPES = ("tensor", "int", "float", "bool")
+
+
+def _check_scalar(value, kind: str, where: str) -> None:
+    if kind == "float" and isinstance(value, dict):
+        expect_object(value, where, required=("float",))
+        if value["float"] not in ("inf", "-inf", "nan"):
+            raise fail(at(where, "float"), f"expected 'inf', '-inf' or 'nan', got {describe(value['float'])}")
+        return
+    ok = isinstance(value, bool) if kind == "bool" else (
+        not isinstance(value, bool) and isinstance(value, (int, float) if kind == "float" else int))
+    if not ok:
+        raise fail(where, f"expected the traced {kind} value, got {describe(value)}")
+
+
+def check_input_spec(spec, where: str) -> list[str]:
+    """Check an ``inputs`` record; returns the type of each leaf, in leaf order."""
+    expect_object(spec, where, required=("positional", "names", "keyword"), optional=("same_tensor",))
+    positional = expect_list(spec["positional"], at(where, "positional"), max_len=10_000)
+    names = expect_list(spec["names"], at(where, "names"), length=len(positional))
+    for i, name in enumerate(names):
+        expect_name(name, at(at(where, "names"), i))
+    keyword = expect_object(spec["keyword"], at(where, "keyword"))
+    leaves: list[str] = []
+
+    def walk(struct, inner):
+        container = _container(struct, inner)
+        if container is not None:
+            for key, child in container[1].items():
+                walk(child, at(inner, key))
+        elif "const" in struct:
+            expect_object(struct, inner, required=("const",))
+            if struct["const"] is not None and not isinstance(struct["const"], str):
+                raise fail(at(inner, "const"), f"expected null or a string, got {describe(struct['const'])}")
+        else:
+            expect_object(struct, inner, required=("leaf", "type"), optional=("value",))
+            expect_int(struct["leaf"], at(inner, "leaf"), len(leaves), len(leaves))
+            kind = struct["type"]
+            if kind not in _LEAF_TYPES:
+                raise fail(at(inner, "type"), f"expected one of {list(_LEAF_TYPES)}, got {describe(kind)}")
+            if kind != "tensor":
+                _check_scalar(struct.get("value"), kind, at(inner, "value"))
+            leaves.append(kind)
+
+    for i, struct in enumerate(positional):
+        walk(struct, at(at(where, "positional"), i))
+    for name, struct in keyword.items():
+        walk(struct, at(at(where, "keyword"), expect_name(name, at(where, "keyword"))))
+    for i, pair in enumerate(expect_list(spec.get("same_tensor", []), at(where, "same_tensor"))):
+        inner = at(at(where, "same_tensor"), i)
+        a, b = expect_list(pair, inner, length=2)
+        expect_int(a, inner, 0, len(leaves) - 1)
+        expect_int(b, inner, a + 1, len(leaves) - 1)
+        if leaves[a] != "tensor" or leaves[b] != "tensor":
+            raise fail(inner, f"leaves {a} and {b} must both be tensors")
+    return leaves
+
+
+def check_output_spec(struct, where: str, num_outputs: int, num_leaves: int) -> None:
+    """Check an ``outputs`` record against the graph's output count and the inputs' leaf count."""
+    container = _container(struct, where)
+    if container is not None:
+        for key, child in container[1].items():
+            check_output_spec(child, at(where, key), num_outputs, num_leaves)
+    elif "output" in struct:
+        expect_object(struct, where, required=("output",))
+        expect_int(struct["output"], at(where, "output"), 0, num_outputs - 1)
+    elif "leaf" in struct:
+        expect_object(struct, where, required=("leaf",))
+        expect_int(struct["leaf"], at(where, "leaf"), 0, num_leaves - 1)
+    else:
+        expect_object(struct, where, required=("const",))
+        value = struct["const"]
+        if isinstance(value, dict):
+            _check_scalar(value, "float", at(where, "const"))
+        elif value is not None and not isinstance(value, (str, bool, int, float)):
+            raise fail(at(where, "const"), f"expected null, a string or a number, got {describe(value)}")
 
 
 def build_result(struct, outputs, leaves):

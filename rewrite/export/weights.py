@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import re
 
@@ -18,6 +19,8 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from ..ir import Node
+from .checks import (at, confined_path, decode_device, decode_dtype, describe, dtype_name, expect_int, expect_object,
+                     expect_sha256, expect_shape, expect_str, fail, read_file)
 from .errors import ExportError
 from .format import decode_inline_tensor, encode_inline_tensor
 
@@ -87,7 +90,7 @@ class WeightWriter:
             cpu = tensor.detach().to("cpu").contiguous()
             data = safetensors_save({name: cpu}, metadata={"format": "pt"})
         rel = os.path.join(self.folder, f"{stem}.safetensors") if self.folder else f"{stem}.safetensors"
-        record = {"file": rel, "dtype": str(cpu.dtype).replace("torch.", ""), "shape": list(cpu.shape),
+        record = {"file": rel, "dtype": dtype_name(cpu.dtype, f"weight {name!r}"), "shape": list(cpu.shape),
                   "device": str(tensor.device), "nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         self.files[name] = WeightFile(name, rel, data, record)
         self._by_storage[key] = name
@@ -97,14 +100,37 @@ class WeightWriter:
         return {name: f.record for name, f in self.files.items()}
 
 
-class WeightReader:
-    """Loads weights named in a graph file, checking each file before parsing it."""
+_WEIGHT_FIELDS = ("file", "dtype", "shape", "device", "nbytes", "sha256")
 
-    def __init__(self, folder: str, records: dict, device_override: str | None = None):
+
+class WeightReader:
+    """Loads the weights a graph file names, checking each record and file before parsing it.
+
+    ``records`` is the graph file's ``weights`` object; ``where`` names it in messages
+    (``export.json: weights``). A record's file must lie inside ``folder``; its size must match the
+    record before a byte is read, its sha256 before safetensors parses it.
+    """
+
+    def __init__(self, folder: str, records, device_override: str | None = None, where: str = "weights"):
         self.folder = folder
-        self.records = records
+        self.where = where
+        self.records = {name: self._check_record(name, record) for name, record in
+                        expect_object(records, where).items()}
         self.device_override = device_override
         self.loaded: dict[str, torch.Tensor] = {}
+
+    def _check_record(self, name: str, record) -> dict:
+        where = at(self.where, name)
+        expect_str(name, where, max_len=1024)
+        expect_object(record, where, required=_WEIGHT_FIELDS)
+        dtype = decode_dtype(record["dtype"], at(where, "dtype"))
+        shape = expect_shape(record["shape"], at(where, "shape"))
+        least = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        expect_int(record["nbytes"], at(where, "nbytes"), least, least + (100 << 20))  # the header is small
+        expect_sha256(record["sha256"], at(where, "sha256"))
+        decode_device(record["device"], at(where, "device"))
+        confined_path(self.folder, record["file"], at(where, "file"))
+        return record
 
     def verify_all(self) -> None:
         """Check every weight file up front, so a broken export fails at load, not at the first call."""
@@ -117,54 +143,52 @@ class WeightReader:
         record = self.records.get(name)
         if record is None:
             raise ExportError(f"the graph reads weight {name!r}, which the file's weight table does not list")
-        path = os.path.join(self.folder, record["file"])
-        if not os.path.isfile(path):
-            raise ExportError(f"weight file {path} for weight {name!r} is missing")
-        with open(path, "rb") as f:
-            data = f.read()
-        if len(data) != record["nbytes"]:
-            raise ExportError(f"weight file {path} for weight {name!r} has {len(data)} bytes, expected "
-                              f"{record['nbytes']} (truncated or replaced)")
+        path = confined_path(self.folder, record["file"], at(at(self.where, name), "file"))
+        what = f"weight file {path} for weight {name!r}"
+        data = read_file(path, what, size=record["nbytes"])
         digest = hashlib.sha256(data).hexdigest()
         if digest != record["sha256"]:
-            raise ExportError(f"weight file {path} for weight {name!r} fails its checksum: sha256 {digest}, "
-                              f"expected {record['sha256']} (the file was altered after export)")
+            raise ExportError(f"{what} fails its checksum: sha256 {digest}, expected {record['sha256']} (the file "
+                              "was altered after export)")
         try:
             tensors = safetensors_load(data)
         except Exception as e:  # safetensors raises its own error types
-            raise ExportError(f"weight file {path} is not a valid safetensors file: {e}") from None
+            raise ExportError(f"{what} is not a valid safetensors file: {e}") from None
         if name not in tensors:
-            raise ExportError(f"weight file {path} does not hold tensor {name!r} (holds {sorted(tensors)})")
+            raise ExportError(f"{what} does not hold tensor {name!r} (holds {sorted(tensors)[:10]})")
         tensor = tensors[name]
-        if str(tensor.dtype).replace("torch.", "") != record["dtype"] or list(tensor.shape) != record["shape"]:
+        if tensor.dtype != decode_dtype(record["dtype"], "") or list(tensor.shape) != record["shape"]:
             raise ExportError(f"weight {name!r} in {path} is {tensor.dtype}{list(tensor.shape)}, the graph file "
                               f"records {record['dtype']}{record['shape']}")
-        device = self.device_override or record.get("device", "cpu")
+        device = self.device_override or record["device"]
         if device != "cpu":
             tensor = tensor.to(device)
         self.loaded[name] = tensor
         return tensor
 
-    def decode_constant(self, data, node_name: str):
-        if not isinstance(data, dict) or len(data) != 1:
-            raise ExportError(f"constant {node_name}: malformed value {data!r}")
+    def decode_constant(self, data, where: str):
+        """A constant node's value: ``{"weight": name}``, ``{"tensor": inline}`` or ``{"value": argument}``."""
+        expect_object(data, where)
+        if len(data) != 1 or next(iter(data)) not in ("weight", "tensor", "value"):
+            raise fail(where, f"expected one of the keys weight, tensor or value, got {sorted(data)}")
         (kind, value), = data.items()
         if kind == "weight":
+            if not isinstance(value, str) or value not in self.records:
+                name = repr(value) if isinstance(value, str) else describe(value)
+                raise fail(at(where, "weight"), f"names weight {name[:80]}, which the weights table does not list")
             return self.get(value)
         if kind == "tensor":
-            return decode_inline_tensor(value, f"constant {node_name}")
-        if kind == "value":
-            from .format import decode_arg
+            return decode_inline_tensor(value, at(where, "tensor"))
+        from .format import decode_arg
 
-            return decode_arg(value, {}, f"constant {node_name}")
-        raise ExportError(f"constant {node_name}: unknown value kind {kind!r} (expected weight, tensor or value)")
+        return decode_arg(value, {}, at(where, "value"))
 
 
 class InMemoryWeightReader(WeightReader):
     """Reads the weights a `WeightWriter` produced without touching the disk (export's self-check)."""
 
     def __init__(self, writer: WeightWriter):
-        super().__init__("", writer.records())
+        super().__init__(".", writer.records())
         self._writer = writer
 
     def get(self, name: str) -> torch.Tensor:
