@@ -5,8 +5,9 @@ Order of work, so a failure never leaves a half-written export:
 weight bytes in memory (program.py); 4. load that program back from memory and run it on the
 example inputs, comparing with what the compiled model returned; 5. optionally produce the ONNX
 file in a scratch folder; 6. for multi-rank exports, agree with the other ranks; 7. write the
-files, each atomically: weights first, the graph file last (it is what `load` opens first, and
-its checksums tie it to the weights it was written with), then the rank manifest.
+files as one unit (files.py: staged, then moved into place with the graph file last, rolled back
+on any error, so a full disk or a folder in the way leaves an existing export intact), then the
+rank manifest.
 
 Layout (single rank)::
 
@@ -27,14 +28,15 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 
 import torch
 
+from .. import ops
 from ..config import CompilerConfig
-from ..utils import atomic_write_bytes, atomic_write_text
+from .checks import FILE_NAME
 from .errors import ExportError
+from .files import write_files
 from .loader import MANIFEST_FORMAT, ExportedModel
 from .program import build_program
 from .weights import InMemoryWeightReader
@@ -43,9 +45,6 @@ log = logging.getLogger("rewrite")
 
 __all__ = ["dynamo_export"]
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
 def _check_arguments(model, export_path, export_name, dynamic, config) -> None:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -53,7 +52,7 @@ def _check_arguments(model, export_path, export_name, dynamic, config) -> None:
         raise TypeError(f"export_path must be a path (str or os.PathLike), got {type(export_path).__name__}")
     if os.path.exists(export_path) and not os.path.isdir(export_path):
         raise ExportError(f"export_path {export_path} exists and is not a folder")
-    if not isinstance(export_name, str) or not _NAME.match(export_name):
+    if not isinstance(export_name, str) or not FILE_NAME.fullmatch(export_name):
         raise ExportError(f"export_name {export_name!r} must be a plain file name: letters, digits, '_', '.', '-'")
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be True or False, got {dynamic!r}")
@@ -83,7 +82,7 @@ def _distributed() -> tuple[int | None, int | None]:
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in ops.FLOATS and dtype.itemsize == 2:  # float16, bfloat16
         return 1e-2, 1e-2
     return 1e-5, 1e-5
 
@@ -174,25 +173,21 @@ def dynamo_export(*args, model: torch.nn.Module, export_path: str = "export_file
     if rank is not None:
         manifest = _agree_across_ranks(program, export_name, file_name, graph_text, rank, world_size)
 
-    # -- everything is known; write (weights, dump, onnx, graph file, manifest) ------------------
-    os.makedirs(os.path.join(export_path, folder), exist_ok=True)
+    # -- everything is known; write (weights, dump, onnx, graph file) as one unit, then the manifest --
+    files = [(weight.file, weight.data) for weight in program.weights.files.values()]
+    files.append((program.data["dump"], program.pbtxt.encode("utf-8")))
+    files += list(onnx_files.items())
+    files.append((file_name, graph_text.encode("utf-8")))
     n_weights = len(program.weights.files)
-    for i, weight in enumerate(program.weights.files.values(), 1):
-        atomic_write_bytes(os.path.join(export_path, weight.file), weight.data)
-        if i % 50 == 0 or i == n_weights:
-            log.info("export: wrote %d/%d weight files", i, n_weights)
-    atomic_write_text(os.path.join(export_path, program.data["dump"]), program.pbtxt)
-    for rel, data in onnx_files.items():
-        atomic_write_bytes(os.path.join(export_path, rel), data)
+    log.info("export: writing %d files (%d weights) to %s", len(files), n_weights, export_path)
+    write_files(export_path, files)
     graph_path = os.path.join(export_path, file_name)
-    atomic_write_text(graph_path, graph_text)
     if manifest is not None:
         import torch.distributed as dist
 
         dist.barrier()  # every rank's files exist before the manifest says so
         if rank == 0:
-            atomic_write_text(os.path.join(export_path, f"{export_name}_manifest.json"),
-                              json.dumps(manifest, indent=1) + "\n")
+            write_files(export_path, [(f"{export_name}_manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())])
         dist.barrier()
     log.info("export: %s written in %.2f s (trace+optimize %.2f s, %d ops, %d weight files)", graph_path,
              time.perf_counter() - t0, t_trace - t0, program.graph.num_ops(), n_weights)
