@@ -362,6 +362,44 @@ def test_huge_and_deep_fields_are_bounded(exports, tmp_path, edit, match):
     refused(crafted(exports, "dyn", tmp_path, edit), match)
 
 
+def test_graph_size_is_bounded(exports, tmp_path):
+    def edit(data, _):
+        data["graph"]["nodes"] = [{}] * 100_001
+
+    refused(crafted(exports, "seed", tmp_path, edit), r"graph\.nodes: the graph file holds more than 100000 nodes")
+
+
+def _manifest(**fields):
+    """An edit turning the folder into a 2-rank export whose manifest has ``fields`` changed."""
+    def edit(data, folder):
+        (folder / "export.json").rename(folder / "export0.json")
+        sha = hashlib.sha256((folder / "export0.json").read_bytes()).hexdigest()
+        manifest = {"format": "rewrite.export.manifest", "version": 2, "name": "export", "world_size": 2,
+                    "backend": "gloo", "ranks": [{"rank": 0, "graph": "export0.json", "dir": "rank_0",
+                                                  "graph_sha256": sha}],
+                    "process_groups": {"0": {"ranks": [0, 1], "world": True}}, "collectives": []}
+        manifest.update(fields)
+        (folder / "export_manifest.json").write_text(json.dumps(manifest))
+        return False
+    return edit
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({}, r"export_manifest\.json is a 2-rank export; initialize torch\.distributed"),  # well-formed
+    ({"world_size": "2"}, r"export_manifest\.json: world_size: expected an int"),
+    ({"world_size": 1 << 40}, r"export_manifest\.json: world_size: .* out of range"),
+    ({"ranks": [{"rank": 0, "graph": "../outside/x.json", "graph_sha256": "0" * 64}]},
+     r"export_manifest\.json: ranks\[0\]\.graph: '\.\./outside/x\.json' is not allowed"),
+    ({"ranks": [{"rank": 5, "graph": "export0.json", "graph_sha256": "0" * 64}]}, r"ranks\[0\]\.rank: 5 is out of range"),
+    ({"ranks": [{"rank": 0, "graph": "export0.json", "graph_sha256": "x"}]}, r"ranks\[0\]\.graph_sha256: 'x'"),
+    ({"process_groups": {"g": {"ranks": [0, 7], "world": False}}}, r"process_groups\.g\.ranks\[1\]: 7 is out of range"),
+    ({"version": 1.5}, r"export_manifest\.json: version: expected an integer"),
+    ({"extra": 1}, r"export_manifest\.json: unknown field\(s\) \['extra'\]"),
+])
+def test_manifests_are_checked_like_graph_files(exports, tmp_path, fields, match):
+    refused(crafted(exports, "seed", tmp_path, _manifest(**fields)), match)
+
+
 # -- versions and malformed fields ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("version, match", [

@@ -214,6 +214,9 @@ def check_call(target, args: tuple, kwargs: dict, where: str) -> None:
     if not all(_is_size_value(a) for a in args):
         raise fail(where, f"{ops.target_name(target)} takes numbers and nodes, got "
                           f"{[_type_name(a) for a in args]}")
+    if target is operator.getitem and not (isinstance(args[0], Node) and type(args[1]) is int):
+        raise fail(where, f"getitem reads result k of a node: it takes a node and an int, got "
+                          f"{[_type_name(a) for a in args]}")
 
 
 # -- size arithmetic ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .errors import ExportError
 
 __all__ = [
     "FILE_NAME",
-    "MAX_INT64", "MIN_INT64", "MAX_DEPTH", "MAX_ITEMS", "MAX_JSON_BYTES", "MAX_NUMEL",
+    "MAX_INT64", "MIN_INT64", "MAX_DEPTH", "MAX_ITEMS", "MAX_JSON_BYTES", "MAX_NODES", "MAX_NUMEL", "MAX_STRING",
     "at", "describe", "fail", "expect_object", "expect_list", "expect_str", "expect_int", "expect_bool",
     "expect_name", "expect_file_name", "expect_sha256", "expect_shape", "decode_dtype", "dtype_name", "decode_device",
     "confined_path", "read_file", "read_json",
@@ -39,7 +39,9 @@ MAX_INT64 = 2**63 - 1
 MIN_INT64 = -(2**63)
 MAX_DEPTH = 100  # nesting of JSON arrays/objects in one file
 MAX_ITEMS = 1_000_000  # entries of one list or object (nodes of a graph, weights, gears...)
-MAX_JSON_BYTES = 256 << 20  # a graph file or manifest
+MAX_JSON_BYTES = 64 << 20  # a graph file or manifest
+MAX_NODES = 100_000  # nodes of one graph file, subgraphs included (and weights it lists)
+MAX_STRING = 64 << 10  # characters of a string argument
 MAX_NUMEL = 2**48  # elements of one tensor (a weight, an inline tensor or a node's recorded shape)
 MAX_NAME = 256  # characters of a name
 

@@ -25,7 +25,7 @@ from .. import ops
 from ..exec.streams import StreamCycleError, order_with_waits, resolve_waits
 from ..ir import Graph, Node, SymbolInfo, SymMeta, TensorMeta
 from .allowlist import check_call, check_size_growth, resolve_op
-from .checks import (MAX_INT64, MAX_NUMEL, MIN_INT64, at, decode_device, decode_dtype, describe, dtype_name,
+from .checks import (MAX_INT64, MAX_NODES, MAX_NUMEL, MAX_STRING, MIN_INT64, at, decode_device, decode_dtype, describe, dtype_name,
                      expect_bool, expect_int, expect_list, expect_name, expect_object, expect_shape, expect_str, fail)
 from .errors import ExportError
 from .expr import FUNCTIONS, check_round_trip, parse_expr
@@ -117,7 +117,9 @@ def _from_table(table: dict, value, where: str, what: str):
 
 def decode_arg(d, nodes: dict[str, Node], where: str, subgraph_decoder=None):
     """An argument from its JSON data (inverse of `encode_arg`); ``nodes`` are the nodes defined so far."""
-    if d is None or isinstance(d, (bool, str, int, float)):
+    if isinstance(d, str):
+        return expect_str(d, where, max_len=MAX_STRING)
+    if d is None or isinstance(d, (bool, int, float)):
         return d
     if isinstance(d, list):
         return [decode_arg(x, nodes, at(where, i), subgraph_decoder) for i, x in enumerate(d)]
@@ -299,7 +301,7 @@ def _encode_attrs(node: Node, keep: Callable[[str], bool]) -> dict:
     return out
 
 
-def _decode_attrs(node: Node, attrs, nodes: dict, where: str, version: int) -> tuple:
+def _decode_attrs(node: Node, attrs, where: str, version: int) -> tuple:
     """Set the known attributes on ``node``; returns the node names of a version-1 ``wait_for``."""
     waits = ()
     for key, value in expect_object(attrs, where).items():
@@ -436,79 +438,106 @@ def _check_waits(g: Graph, where: str) -> None:
 def decode_graph(d, decode_constant: Callable[[object, str], object], where: str = "graph",
                  version: int = FORMAT_VERSION) -> Graph:
     """Rebuild a `Graph` from `encode_graph` data; every field, reference, op and call is checked."""
-    expect_object(d, where, required=("name", "symbols", "nodes"))
-    g = Graph(expect_name(d["name"], at(where, "name"), dotted=True))
-    table = _decode_symbols(d["symbols"], at(where, "symbols"))
-    symbols = {name: sym for name, (sym, _) in table.items()}
-    nodes: dict[str, Node] = {}
-    pending_waits = []
+    return _GraphReader(decode_constant, version).graph(d, where)
 
-    def subgraph(data, inner):
-        return decode_graph(data, decode_constant, inner, version)
 
-    records = expect_list(d["nodes"], at(where, "nodes"))
-    for i, record in enumerate(records):
-        node_where = at(at(where, "nodes"), i)
-        expect_object(record, node_where)
-        name = expect_name(record.get("name"), at(node_where, "name"))
-        op = expect_str(record.get("op"), at(node_where, "op"), max_len=200)
-        node_where = f"{node_where} ({name})"
-        if name in nodes:
-            raise fail(node_where, f"a second node named {name!r}")
+class _GraphReader:
+    """Decodes a graph record and the subgraphs nested in it, at most MAX_NODES nodes in all."""
+
+    def __init__(self, decode_constant: Callable[[object, str], object], version: int):
+        self.decode_constant = decode_constant
+        self.version = version
+        self.count = 0
+
+    def graph(self, d, where: str) -> Graph:
+        expect_object(d, where, required=("name", "symbols", "nodes"))
+        g = Graph(expect_name(d["name"], at(where, "name"), dotted=True))
+        table = _decode_symbols(d["symbols"], at(where, "symbols"))
+        symbols = {name: sym for name, (sym, _) in table.items()}
+        records = expect_list(d["nodes"], at(where, "nodes"))
+        self.count += len(records)
+        if self.count > MAX_NODES:
+            raise fail(at(where, "nodes"), f"the graph file holds more than {MAX_NODES} nodes")
+        nodes: dict[str, Node] = {}
+        waits = []
+        for i, record in enumerate(records):
+            node_where = at(at(where, "nodes"), i)
+            expect_object(record, node_where)
+            name = expect_name(record.get("name"), at(node_where, "name"))
+            node_where = f"{node_where} ({name})"
+            if name in nodes:
+                raise fail(node_where, f"a second node named {name!r}")
+            if i == len(records) - 1 and record.get("op") == "output":
+                g.set_output(self.outputs(record, nodes, node_where))
+                break
+            nodes[name] = node = self.node(g, record, name, nodes, symbols, node_where)
+            waits.append((node, self.waits(node, record, nodes, node_where), at(node_where, "waits")))
+        else:
+            raise fail(at(where, "nodes"), "the graph has no output node (it must be the last node)")
+        self.resolve_waits(waits, nodes)
+        _bind_symbols(g, table, at(where, "symbols"))
+        check_size_growth(g, where)
+        if any(n.waits for n in g.nodes):
+            _check_waits(g, where)
+        try:
+            g.validate()
+        except ValueError as e:
+            raise fail(where, f"malformed graph: {e}") from None
+        return g
+
+    def node(self, g: Graph, record: dict, name: str, nodes: dict, symbols: dict, where: str) -> Node:
+        op = expect_str(record.get("op"), at(where, "op"), max_len=200)
         kind = op if op in _NODE_FIELDS else "call"
-        expect_object(record, node_where, *_NODE_FIELDS[kind])
-        meta = decode_meta(record.get("meta"), symbols, at(node_where, "meta"))
+        if kind == "output":
+            raise fail(where, "the output node must be the last node")
+        expect_object(record, where, *_NODE_FIELDS[kind])
+        meta = decode_meta(record.get("meta"), symbols, at(where, "meta"))
         if kind == "placeholder":
             if not isinstance(meta, (TensorMeta, SymMeta)):
-                raise fail(at(node_where, "meta"), "a graph input needs a tensor or size meta")
-            node = g.placeholder(name, meta)
-        elif kind == "constant":
+                raise fail(at(where, "meta"), "a graph input needs a tensor or size meta")
+            return g.placeholder(name, meta)
+        if kind == "constant":
             value = record["value"]
             if isinstance(value, dict) and "graph" in value:
-                value = subgraph(expect_object(value, at(node_where, "value"), ("graph",))["graph"],
-                                 at(at(node_where, "value"), "graph"))
+                inner = at(where, "value")
+                value = self.graph(expect_object(value, inner, ("graph",))["graph"], at(inner, "graph"))
             else:
-                value = decode_constant(value, at(node_where, "value"))
+                value = self.decode_constant(value, at(where, "value"))
             node = g.constant(value, meta)
-            node.name = name
-        elif kind == "output":
-            inner = at(at(node_where, "args"), 0)
-            outputs = decode_arg(expect_list(record["args"], at(node_where, "args"), length=1)[0], nodes, inner)
-            if not isinstance(outputs, (tuple, list)) or not all(isinstance(o, Node) for o in outputs):
-                raise fail(inner, "a graph returns a tuple of node references")
-            g.set_output(outputs)
-            if i != len(records) - 1:
-                raise fail(node_where, "the output node must be the last node")
-            continue
         else:
-            target = resolve_op(op, at(node_where, "op"))
-            args = tuple(decode_arg(a, nodes, at(at(node_where, "args"), j), subgraph)
-                         for j, a in enumerate(expect_list(record.get("args", []), at(node_where, "args"))))
-            kwargs = {k: decode_arg(v, nodes, at(at(node_where, "kwargs"), k), subgraph)
-                      for k, v in expect_object(record.get("kwargs", {}), at(node_where, "kwargs")).items()}
-            check_call(target, args, kwargs, node_where)
+            target = resolve_op(op, at(where, "op"))
+            args = tuple(self.arg(a, nodes, at(at(where, "args"), j))
+                         for j, a in enumerate(expect_list(record.get("args", []), at(where, "args"))))
+            kwargs = {k: self.arg(v, nodes, at(at(where, "kwargs"), k))
+                      for k, v in expect_object(record.get("kwargs", {}), at(where, "kwargs")).items()}
+            check_call(target, args, kwargs, where)
             node = g.call(target, args, kwargs, meta)
-            node.name = name
-        nodes[name] = node
-        waits = tuple(expect_name(w, at(at(node_where, "waits"), j))
-                      for j, w in enumerate(expect_list(record.get("waits", []), at(node_where, "waits"))))
+        node.name = name
+        return node
+
+    def arg(self, data, nodes: dict, where: str):
+        return decode_arg(data, nodes, where, self.graph)
+
+    def outputs(self, record: dict, nodes: dict, where: str) -> tuple:
+        expect_object(record, where, *_NODE_FIELDS["output"])
+        inner = at(at(where, "args"), 0)
+        outputs = decode_arg(expect_list(record["args"], at(where, "args"), length=1)[0], nodes, inner)
+        if not isinstance(outputs, (tuple, list)) or not all(isinstance(o, Node) for o in outputs):
+            raise fail(inner, "a graph returns a tuple of node references")
+        return outputs
+
+    def waits(self, node: Node, record: dict, nodes: dict, where: str) -> tuple:
+        """Names of the nodes ``node`` waits for (resolved once the whole graph is read: they may come later)."""
+        waits = tuple(expect_name(w, at(at(where, "waits"), j))
+                      for j, w in enumerate(expect_list(record.get("waits", []), at(where, "waits"))))
         if "attrs" in record:
-            waits += _decode_attrs(node, record["attrs"], nodes, at(node_where, "attrs"), version)
-        if waits:
-            pending_waits.append((node, waits, at(node_where, "waits")))
-    if not records or records[-1].get("op") != "output":
-        raise fail(at(where, "nodes"), "the graph has no output node (it must be the last node)")
-    for node, waits, inner in pending_waits:
-        missing = [w for w in waits if w not in nodes]
-        if missing:
-            raise fail(inner, f"waits for {missing}, which are not nodes of this graph")
-        node.waits = tuple(nodes[w] for w in waits)
-    _bind_symbols(g, table, at(where, "symbols"))
-    check_size_growth(g, where)
-    if pending_waits:
-        _check_waits(g, where)
-    try:
-        g.validate()
-    except ValueError as e:
-        raise fail(where, f"malformed graph: {e}") from None
-    return g
+            waits += _decode_attrs(node, record["attrs"], at(where, "attrs"), self.version)
+        return waits
+
+    @staticmethod
+    def resolve_waits(waits: list, nodes: dict) -> None:
+        for node, names, where in waits:
+            missing = [w for w in names if w not in nodes]
+            if missing:
+                raise fail(where, f"waits for {missing}, which are not nodes of this graph")
+            node.waits = tuple(nodes[w] for w in names)

@@ -19,7 +19,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from ..ir import Node
-from .checks import (at, confined_path, decode_device, decode_dtype, describe, dtype_name, expect_int, expect_object,
+from .checks import (MAX_NODES, at, confined_path, decode_device, decode_dtype, describe, dtype_name, expect_int, expect_object,
                      expect_sha256, expect_shape, expect_str, fail, read_file)
 from .errors import ExportError
 from .format import decode_inline_tensor, encode_inline_tensor
@@ -114,8 +114,9 @@ class WeightReader:
     def __init__(self, folder: str, records, device_override: str | None = None, where: str = "weights"):
         self.folder = folder
         self.where = where
-        self.records = {name: self._check_record(name, record) for name, record in
-                        expect_object(records, where).items()}
+        if len(expect_object(records, where)) > MAX_NODES:
+            raise fail(where, f"lists {len(records)} weights; at most {MAX_NODES} are allowed")
+        self.records = {name: self._check_record(name, record) for name, record in records.items()}
         self.device_override = device_override
         self.loaded: dict[str, torch.Tensor] = {}
 
