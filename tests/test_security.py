@@ -468,6 +468,7 @@ def _put(path, value):
     (_put(["outputs"], {"eval": "x"}), r"outputs: unknown field\(s\) \['eval'\]"),
     (_put(["inputs", "names"], ["x"]), r"inputs\.names: expected a list of 2"),
     (_put(["inputs", "names"], ["x", "def"]), r"inputs\.names\[1\]: 'def' is a Python keyword"),
+    (_put(["inputs", "names"], ["x", "x"]), r"export\.json: inputs: argument names \['x', 'x'\] are not unique"),
     (_put(["inputs", "positional", 0], {"leaf": 3, "type": "tensor"}), r"inputs\.positional\[0\]\.leaf: 3 is out"),
     (_put(["inputs", "positional", 0], {"leaf": 0, "type": "module"}), r"inputs\.positional\[0\]\.type: expected one"),
     (_put(["inputs", "same_tensor"], [[1, 0]]), r"inputs\.same_tensor\[0\]: 0 is out of range"),
@@ -501,6 +502,8 @@ def test_malformed_fields_are_errors_naming_the_file_and_field(exports, tmp_path
     (_put(["gears", "inputs", 0, "dims", "0"], list(range(1, 102))), r"dims\['0'\]: has 101 entries; at most 100"),
     (_put(["gears", "inputs", 0, "dims", "0"], [2.5]), r"dims\['0'\]\[0\]: expected an int, got a float"),
     (_put(["gears", "inputs", 0, "dims", "7"], [2]), r"gears\.inputs\[0\]\.dims: dim '7' is not a dimension"),
+    (_put(["gears", "inputs", 0, "dims", "1"], [4]), r"gears\.inputs\[0\]\.dims: dim '1' is not a dimension with a "
+                                                     r"size symbol .* gears need a dynamic dimension"),
     (_put(["gears", "inputs", 0, "placeholder"], "arg0_1"), r"gears\.inputs\[0\]\.placeholder: .* not a tensor input"),
     (_put(["gears", "gears"], [[["arg1_1", 0, 3]]]), r"gears\.gears\[0\]\[0\]: .* not a size declared"),
     (_put(["gears", "gears"], [[["arg1_1", 0, 2]]] * 101), r"gears\.gears: has 101 entries; at most 100"),

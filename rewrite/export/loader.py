@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import time
 
 import sympy
@@ -269,53 +270,69 @@ def _check_bindings(bindings, graph: Graph, leaf_types: list[str], where: str) -
 def decode_gears(data, graph: Graph, where: str = "gears"):
     """The `GearSpec` of a graph file's ``gears`` record, checked with the rules of `set_dim_gears`."""
     from ..gears import GearSpec
-    from ..gears.spec import MAX_GEARS, InputGears, merge_gears
+    from ..gears.spec import MAX_GEARS, merge_gears
 
     expect_object(data, where, required=("policy", "inputs", "gears"))
     policy = data["policy"]
     if policy not in ("zip", "product"):
         raise fail(at(where, "policy"), f"expected 'zip' or 'product', got {describe(policy)}")
+    inputs = _gear_inputs(data["inputs"], graph, at(where, "inputs"))
+    gears = [_gear(gear, inputs, at(at(where, "gears"), i))
+             for i, gear in enumerate(expect_list(data["gears"], at(where, "gears"), max_len=MAX_GEARS))]
+    try:
+        allowed = merge_gears(list(inputs.values()), policy)
+    except GearError as e:
+        raise fail(where, str(e)) from None
+    if not gears:
+        raise fail(at(where, "gears"), "no gears are listed")
+    stray = next((g for g in gears if g not in allowed), None)
+    if stray is not None:
+        raise fail(at(where, "gears"), f"gear {stray} is not one of the gears the inputs declare with policy {policy!r}")
+    return GearSpec(tuple(inputs.values()), tuple(gears), policy)
+
+
+def _gear_inputs(entries, graph: Graph, where: str) -> dict:
+    """placeholder name -> `InputGears`: dims with a size symbol, 1..MAX_GEARS positive sizes each."""
+    from ..gears.spec import MAX_GEARS, InputGears
+
     index = {p.name: i for i, p in enumerate(graph.placeholders) if isinstance(p.meta, TensorMeta)}
     inputs = {}
-    for i, entry in enumerate(expect_list(data["inputs"], at(where, "inputs"), max_len=len(index))):
-        inner = at(at(where, "inputs"), i)
+    for i, entry in enumerate(expect_list(entries, where, max_len=len(index))):
+        inner = at(where, i)
         expect_object(entry, inner, required=("placeholder", "name", "dims", "shape"))
         name = entry["placeholder"]
         if not isinstance(name, str) or name not in index or name in inputs:
             raise fail(at(inner, "placeholder"), f"{describe(name)} is not a tensor input of the graph (or is "
                                                  "given twice)")
-        rank = len(graph.placeholders[index[name]].meta.shape)
+        shape = graph.placeholders[index[name]].meta.shape
         dims = {}
         for key, values in expect_object(entry["dims"], at(inner, "dims")).items():
-            if not key.isdigit() or int(key) >= rank:
-                raise fail(at(inner, "dims"), f"dim {key!r} is not a dimension of a rank-{rank} input")
+            dim = int(key) if re.fullmatch(r"[0-9]{1,2}", key) else -1
+            if not (0 <= dim < len(shape) and isinstance(shape[dim], sympy.Symbol)):
+                raise fail(at(inner, "dims"), f"dim {key!r} is not a dimension with a size symbol of input {name} "
+                                              f"(shape {list(shape)}); gears need a dynamic dimension")
             values = expect_list(values, at(at(inner, "dims"), key), max_len=MAX_GEARS)
-            dims[int(key)] = tuple(expect_int(v, at(at(at(inner, "dims"), key), j), 1) for j, v in enumerate(values))
             if not values:
                 raise fail(at(at(inner, "dims"), key), "gears of a dim must be a non-empty list of positive ints")
+            dims[dim] = tuple(expect_int(v, at(at(at(inner, "dims"), key), j), 1) for j, v in enumerate(values))
         inputs[name] = InputGears(index[name], expect_str(entry["name"], at(inner, "name"), max_len=1024), dims,
                                   tuple(expect_shape(entry["shape"], at(inner, "shape"))))
-    gears = []
-    for i, gear in enumerate(expect_list(data["gears"], at(where, "gears"), max_len=MAX_GEARS)):
-        inner = at(at(where, "gears"), i)
-        sizes = {}
-        for j, triple in enumerate(expect_list(gear, inner, max_len=MAX_GEARS)):
-            name, dim, size = expect_list(triple, at(inner, j), length=3)
-            declared = inputs[name].dims.get(dim, ()) if isinstance(name, str) and name in inputs and isinstance(
-                dim, int) else ()
-            if not isinstance(size, int) or isinstance(size, bool) or size not in declared:
-                raise fail(at(inner, j), f"[{name!r}, {dim!r}, {size!r}] is not a size declared in gears.inputs")
-            sizes[(index[name], dim)] = size
-        gears.append(sizes)
-    try:
-        allowed = merge_gears(list(inputs.values()), policy)
-    except GearError as e:
-        raise fail(where, str(e)) from None
-    stray = next((g for g in gears if g not in allowed), None)
-    if stray is not None or not gears:
-        raise fail(at(where, "gears"), f"gear {stray} is not one of the gears the inputs declare with policy "
-                                       f"{policy!r}" if gears else "no gears are listed")
-    return GearSpec(tuple(inputs.values()), tuple(gears), policy)
+    return inputs
+
+
+def _gear(entry, inputs: dict, where: str) -> dict:
+    """One gear ``[[placeholder, dim, size], ...]`` as ``{(input index, dim): size}``, sizes as declared."""
+    from ..gears.spec import MAX_GEARS
+
+    sizes = {}
+    for j, triple in enumerate(expect_list(entry, where, max_len=MAX_GEARS)):
+        name, dim, size = expect_list(triple, at(where, j), length=3)
+        declared_by = inputs.get(name) if isinstance(name, str) else None
+        declared = declared_by.dims.get(dim, ()) if declared_by is not None and type(dim) is int else ()
+        if type(size) is not int or size not in declared:
+            raise fail(at(where, j), f"{repr(triple)[:80]} is not a size declared in gears.inputs")
+        sizes[(declared_by.index, dim)] = size
+    return sizes
 
 
 def _walk_leaves(spec: dict):

@@ -228,6 +228,8 @@ def check_input_spec(spec, where: str) -> list[str]:
     for i, name in enumerate(names):
         expect_name(name, at(at(where, "names"), i))
     keyword = expect_object(spec["keyword"], at(where, "keyword"))
+    if len(set(names) | set(keyword)) != len(names) + len(keyword):
+        raise fail(where, f"argument names {names + list(keyword)} are not unique")
     leaves: list[str] = []
 
     def walk(struct, inner):
