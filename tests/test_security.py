@@ -8,6 +8,7 @@ changed on disk, inside the folder or beside it. The threat model is docs/export
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -596,6 +597,50 @@ def test_a_folder_in_the_way_fails_the_export_and_keeps_the_old_one(tmp_path):
     with pytest.raises(ExportError, match=r"cannot write q\.safetensors: .*q\.safetensors is a folder"):
         rewrite.dynamo_export(*x, model=new, export_path=str(tmp_path / "e"))
     assert snapshot(tmp_path) == before, "the failed export changed the folder"
+    torch.testing.assert_close(rewrite.load(str(tmp_path / "e"))(*x), old(*x).detach())
+
+
+def test_a_read_only_file_system_fails_the_export_and_keeps_the_old_one(tmp_path, monkeypatch):
+    """EROFS where the staging folder is made (root ignores chmod, so the file system refuses instead)."""
+    torch.manual_seed(0)
+    old, x = Seed(), (torch.randn(2, 4), torch.randn(2, 4))
+    rewrite.dynamo_export(*x, model=old, export_path=str(tmp_path / "e"))
+    before = snapshot(tmp_path)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(rewrite.export.files.tempfile, "mkdtemp", read_only)
+    with pytest.raises(ExportError, match="cannot write the export to .*Read-only file system; the folder was left"):
+        rewrite.dynamo_export(*x, model=WithBuffer(), export_path=str(tmp_path / "e"))
+    with pytest.raises(ExportError, match="Read-only file system"):
+        rewrite.dynamo_export(*x, model=WithBuffer(), export_path=str(tmp_path / "new" / "e"))
+    assert snapshot(tmp_path) == before
+    torch.testing.assert_close(rewrite.load(str(tmp_path / "e"))(*x), old(*x).detach())
+
+
+def test_a_failure_while_files_are_moved_into_place_is_rolled_back(tmp_path, monkeypatch):
+    """The third rename fails: the two files already replaced get their old contents back."""
+    torch.manual_seed(0)
+    old, x = Seed(), (torch.randn(2, 4), torch.randn(2, 4))
+    rewrite.dynamo_export(*x, model=old, export_path=str(tmp_path / "e"))
+    before = snapshot(tmp_path)
+    real_replace, calls = os.replace, []
+
+    def flaky_replace(src, dst):
+        if str(tmp_path) in str(dst):  # not the renames of torch's own caches while tracing
+            calls.append(dst)
+            if len(calls) == 5:  # old p1 aside, new p1, old p2 aside, new p2, then q's fails
+                raise OSError(errno.EIO, "Input/output error")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(rewrite.export.files.os, "replace", flaky_replace)
+    with pytest.raises(ExportError, match="Input/output error; the folder was left as it was"):
+        rewrite.dynamo_export(*x, model=WithBuffer(), export_path=str(tmp_path / "e"))
+    monkeypatch.undo()
+    assert len(calls) >= 5
+    after = snapshot(tmp_path)
+    assert {k: v[:2] + v[3:] for k, v in after.items()} == {k: v[:2] + v[3:] for k, v in before.items()}
     torch.testing.assert_close(rewrite.load(str(tmp_path / "e"))(*x), old(*x).detach())
 
 
