@@ -497,3 +497,18 @@ def test_gears_with_a_static_export_are_refused(tmp_path):
     with pytest.raises(rewrite.export.ExportError, match="dynamic=True"):
         rewrite.dynamo_export(x, model=torch.nn.Linear(3, 3), export_path=str(tmp_path / "e"))
     assert not (tmp_path / "e").exists()
+
+
+def test_version_1_graph_files_still_load(seed_export):
+    """Version 1 spelled size functions ``operator.<name>``, kept waits in ``wait_for`` and wrote any attribute."""
+    path = seed_export / "export.json"
+    data = json.loads(path.read_text())
+    data["version"] = 1
+    adds = [n for n in data["graph"]["nodes"] if n["op"] == "aten.add.Tensor"]
+    adds[-1]["attrs"] = {"wait_for": [{"node": adds[0]["name"]}], "syncs": ["wait %add on stream 1"]}
+    path.write_text(json.dumps(data))
+    loaded = rewrite.load(str(seed_export))
+    last = next(n for n in loaded.graph.nodes if n.name == adds[-1]["name"])
+    assert [w.name for w in last.waits] == [adds[0]["name"]] and "syncs" not in last.attrs
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    assert loaded(x, y).shape == (2, 4)
