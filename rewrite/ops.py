@@ -17,9 +17,11 @@ executors, the export format) reads op knowledge from here instead of keeping a 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import operator
+import re
 from typing import Any, Sequence
 
 import sympy
@@ -27,7 +29,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
-    "OpError", "target_name", "target_from_name", "register_target",
+    "OpError", "target_name", "target_from_name", "register_target", "is_registered",
     "canonical_call", "bind_arguments", "split_args", "strip_defaults", "schema_types", "schema_default",
     "NO_DEFAULT", "dtype_str", "shape_key", "splat_key", "constant_key",
     "FLOATS", "INTS", "SIGNED_INTS", "ALL_DTYPES",
@@ -86,23 +88,53 @@ def register_target(target) -> str:
     return name
 
 
+_OVERLOAD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+_HIGHER_ORDER_NAME = re.compile(r"higher_order\.[A-Za-z][A-Za-z0-9_]*")
+
+
+@functools.lru_cache(maxsize=1)
+def _registered(generation: int) -> frozenset:
+    """``ns.op.overload`` of every operator in torch's dispatcher (``generation`` refreshes it)."""
+    names = set()
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        op, _, overload = rest.partition(".")
+        names.add(f"{ns}.{op}.{overload or 'default'}")
+    return frozenset(names)
+
+
+_generation = [0]
+
+
+def is_registered(name: str) -> bool:
+    """Whether ``name`` (``ns.op.overload``) is an operator registered in torch's dispatcher.
+
+    Answered from the dispatcher's own list of names, with no attribute lookup, so a name taken
+    from a file can never steer ``getattr`` (``torch.ops.load_library``, dunder attributes...)."""
+    if not isinstance(name, str) or not _OVERLOAD_NAME.fullmatch(name):
+        return False
+    if name in _registered(_generation[0]):
+        return True
+    _generation[0] += 1  # an op registered since (an extension imported later): look once more
+    return name in _registered(_generation[0])
+
+
 def target_from_name(name: str):
-    """The callable named ``name`` (the inverse of `target_name`); raises OpError if unknown."""
-    known = _known_targets.get(name)
+    """The callable named ``name`` (the inverse of `target_name`); raises OpError if unknown.
+
+    Only registered operators and higher-order ops are looked up: never an attribute chain that
+    the name alone chooses."""
+    known = _known_targets.get(name) if isinstance(name, str) else None
     if known is not None:
         return known
-    parts = name.split(".") if isinstance(name, str) else []
     target = None
-    if len(parts) == 2 and parts[0] == "higher_order":
-        target = getattr(torch.ops.higher_order, parts[1], None)
+    if isinstance(name, str) and _HIGHER_ORDER_NAME.fullmatch(name):
+        target = getattr(torch.ops.higher_order, name.split(".")[1], None)
         if not isinstance(target, torch._ops.HigherOrderOperator):
             target = None
-    elif len(parts) == 3:
-        ns, opname, overload = parts
-        try:
-            target = getattr(getattr(getattr(torch.ops, ns), opname), overload)
-        except (AttributeError, RuntimeError):
-            target = None
+    elif is_registered(name):
+        ns, opname, overload = name.split(".")
+        target = getattr(getattr(getattr(torch.ops, ns), opname), overload)
         if not isinstance(target, torch._ops.OpOverload):
             target = None
     if target is None:
@@ -319,6 +351,7 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SIGNED_INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
 INTS = (torch.uint8,) + SIGNED_INTS
 ALL_DTYPES = FLOATS + INTS + (torch.bool,)
+COMPLEX = (torch.complex64, torch.complex128)
 
 
 # -- families ----------------------------------------------------------------------------------------

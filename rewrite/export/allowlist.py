@@ -49,29 +49,6 @@ _OP_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-
 MAX_SIZE_BITS = 4096
 
 
-@functools.lru_cache(maxsize=1)
-def _registered(generation: int) -> frozenset:
-    """``ns.op.overload`` of every operator registered in the dispatcher (``generation`` refreshes it)."""
-    import rewrite.scope  # noqa: F401 - registers rewrite_stream ops
-
-    names = set()
-    for qualified in torch._C._dispatch_get_all_op_names():
-        ns, _, rest = qualified.partition("::")
-        op, _, overload = rest.partition(".")
-        names.add(f"{ns}.{op}.{overload or 'default'}")
-    return frozenset(names)
-
-
-_generation = [0]
-
-
-def _is_registered(name: str) -> bool:
-    if name in _registered(_generation[0]):
-        return True
-    _generation[0] += 1  # an op registered since (an extension imported later): look once more
-    return name in _registered(_generation[0])
-
-
 def _kinds(t) -> list[str]:
     if t.kind() in ("ListType", "OptionalType"):
         return _kinds(t.getElementType())
@@ -112,7 +89,9 @@ def resolve_op(name, where: str):
         raise fail(where, f"op {name!r} is not allowed: namespace {ns!r} is not one of {list(NAMESPACES)}")
     if f"{ns}.{op}" in DENIED:
         raise fail(where, f"op {name!r} is not allowed: it touches files or process state, not only tensors")
-    if not _is_registered(name):
+    import rewrite.scope  # noqa: F401 - registers the rewrite_stream ops
+
+    if not ops.is_registered(name):
         raise fail(where, f"op {name!r} is not registered in this torch {torch.__version__} (was the file "
                           "written by a newer torch?)")
     target, bad = _overload(name)
