@@ -164,10 +164,11 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
 
     fallback = unit.config.inference_config.gear_fallback
     symbols, gears = bind_gears(graph, gear_spec)
-    example = tuple(gear_spec.input(s.input_index).shape[s.dim] for s in symbols)
-    if fallback == "error" and example not in gears:
-        # The call being compiled could never run: say so now, before compiling every gear.
-        raise not_a_gear(symbols, gears, example, fallback)
+    if gear_spec.example is not None and fallback == "error":
+        example = tuple(gear_spec.example[(s.input_index, s.dim)] for s in symbols)
+        if example not in gears:
+            # The call being compiled could never run: say so now, before compiling every gear.
+            raise not_a_gear(symbols, gears, example, fallback)
     sym_of = {s.symbol: s for s in symbols}
     free = {s for s in graph.free_symbols() if s not in sym_of}
     for s in sorted(free, key=str):

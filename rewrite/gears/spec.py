@@ -184,6 +184,8 @@ class GearSpec:
     inputs: tuple  # of InputGears
     gears: tuple  # of dict[(int, int), int]
     policy: str
+    # {(input index, dim): size} of the call being compiled (None: no call, e.g. a loaded export)
+    example: dict | None = None
 
     def allowed(self, index: int, dim: int) -> list[int]:
         """The sizes dimension ``dim`` of input ``index`` takes across the gears (sorted)."""
@@ -244,4 +246,5 @@ def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
     if not inputs:
         return None
     policy = config.inference_config.dynamic_gears_merge_policy
-    return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy)), policy)
+    example = {(i.index, d): i.shape[d] for i in inputs for d in i.dims}
+    return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy)), policy, example)
