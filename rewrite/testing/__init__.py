@@ -25,7 +25,11 @@ Checking a rule of your own::
 
 ``python -m rewrite check-rules mypkg.my_rules`` does the same for every rule of a module.
 """
-from .equivalence import assert_equivalent, compare_outputs, compare_tensors, run_graph, tolerance
+from .equivalence import (
+    assert_equivalent, compare_outputs, compare_tensors, describe_inputs, input_aliases, run_graph, tolerance,
+)
+from .fx_graphs import FxCase, fx_cases, lower_graph
+from .fx_pass import PassCheckReport, check_fx_pass, fx_pass_test, load_pass
 from .rule_checking import (
     SCALAR_CANDIDATES, ModuleCheckReport, RuleCheckReport, check_rule, check_ruleset, check_ruleset_module,
 )
@@ -56,4 +60,13 @@ __all__ = [
     "special_values",
     "infer_meta",
     "compare_tensors",
+    "check_fx_pass",
+    "fx_pass_test",
+    "PassCheckReport",
+    "load_pass",
+    "fx_cases",
+    "FxCase",
+    "lower_graph",
+    "describe_inputs",
+    "input_aliases",
 ]

@@ -43,11 +43,13 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     }.get(dtype, (0.0, 0.0))
 
 
-def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, exact: bool) -> str | None:
-    """None when they agree, else a description of the first disagreement.
+def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, exact: bool,
+                    tol: tuple[float, float] | None = None, listed: int = 1) -> str | None:
+    """None when they agree, else a description of the disagreement naming up to ``listed`` elements.
 
     NaN matches NaN. With ``exact`` every other element must be equal and zeros must keep their
-    sign; otherwise floats may differ by the dtype's tolerance (infinities must still match).
+    sign; otherwise floats may differ by ``tol`` (rtol, atol), by default the dtype's `tolerance`
+    (infinities must still match).
     """
     if not isinstance(actual, torch.Tensor):
         return f"expected a tensor, got {type(actual).__name__}: {actual!r}"
@@ -64,17 +66,20 @@ def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, exact: bool) -
         if exact:
             bad = ~both_nan & ((e64 != a64) | (torch.signbit(e64) != torch.signbit(a64)))
         else:
-            rtol, atol = tolerance(e.dtype)
+            rtol, atol = tol or tolerance(e.dtype)
             close = torch.isclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True)
             bad = ~close
     else:
         bad = e != a
     if not bad.any():
         return None
-    idx = tuple(int(i) for i in bad.nonzero()[0])
-    count = int(bad.sum())
-    return (f"{count} of {e.numel()} elements differ; first at index {list(idx)}: "
-            f"expected {e[idx].item()!r}, got {a[idx].item()!r}")
+    where = [tuple(int(i) for i in row) for row in bad.nonzero()[:listed]]
+    head = f"{int(bad.sum())} of {e.numel()} elements differ"
+    if listed == 1:
+        idx = where[0]
+        return f"{head}; first at index {list(idx)}: expected {e[idx].item()!r}, got {a[idx].item()!r}"
+    items = "; ".join(f"at {list(idx)}: expected {e[idx].item()!r}, got {a[idx].item()!r}" for idx in where)
+    return f"{head}: {items}"
 
 
 def compare_outputs(expected: Sequence, actual: Sequence, exact: bool = False) -> str | None:
@@ -91,13 +96,15 @@ def compare_outputs(expected: Sequence, actual: Sequence, exact: bool = False) -
     return None
 
 
-def _describe_inputs(inputs) -> str:
+def describe_inputs(inputs, names: Sequence[str] | None = None) -> str:
+    """One line per input: its name (``input i`` by default), dtype, shape and every value."""
     lines = []
     for i, t in enumerate(inputs):
+        name = names[i] if names else f"input {i}"
         if isinstance(t, torch.Tensor):
-            lines.append(f"  input {i}: {dtype_str(t.dtype)}{list(t.shape)} = {t.tolist()}")
+            lines.append(f"  {name}: {dtype_str(t.dtype)}{list(t.shape)} = {t.tolist()}")
         else:
-            lines.append(f"  input {i}: {t!r}")
+            lines.append(f"  {name}: {t!r}")
     return "\n".join(lines)
 
 
@@ -153,7 +160,7 @@ def assert_equivalent(graph_before: Graph, graph_after: Graph, inputs=None, *, e
     """
     def fail(why, ins):
         raise AssertionError(
-            f"graphs are not equivalent: {why}\n{_describe_inputs(ins)}\n"
+            f"graphs are not equivalent: {why}\n{describe_inputs(ins)}\n"
             f"--- before ---\n{format_graph(graph_before)}\n--- after ---\n{format_graph(graph_after)}")
 
     if len(graph_before.placeholders) != len(graph_after.placeholders):

@@ -378,8 +378,12 @@ def shapes(draw, min_rank: int = 0, max_rank: int = 3, max_dim: int = MAX_DIM) -
 
 @st.composite
 def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.dtype] = GRAPH_DTYPES,
-           ops: Sequence[OpGen] = OPS, constants: bool = True, mutations: bool = True) -> Graph:
+           ops: Sequence[OpGen] = OPS, constants: bool = True, mutations: bool = True,
+           all_sinks: bool = False) -> Graph:
     """A random valid graph: 1..max_inputs tensor inputs, 1..max_ops ops from ``ops``, 1-3 outputs.
+
+    With ``all_sinks`` every op result nothing else reads is returned too, so no op is dead code
+    (a pass checker wants every rewritten op to reach an output).
 
     Every op's output meta comes from torch's meta kernels (with strides), so the graph is valid
     by construction. Some inputs share a shape (so binary ops, cat and where find partners), small
@@ -441,6 +445,9 @@ def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.d
         made.append(g.call(aten.clone.default, (pool[0],), meta=pool[0].meta))
     extra = draw(st.lists(st.sampled_from(made), max_size=2, unique_by=lambda n: n.id))
     outs = [made[-1]] + [n for n in extra if n is not made[-1]]
+    if all_sinks:
+        users = g.users()
+        outs += [n for n in made if not users[n.id] and all(n is not o for o in outs)]
     if mutations and draw(st.integers(0, 3)) == 0:
         # AOTAutograd's functional form: every input update is a copy_ at the tail, after all reads.
         # Up to two of them, so a pass that reorders updates and reads has something to break.
