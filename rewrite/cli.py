@@ -3,6 +3,7 @@
     python -m rewrite demo                 compile MiniLM with batch gears; print what happened and timings
     python -m rewrite rules                print the optimization schedule: passes, rulesets, rules
     python -m rewrite check-rules MODULE   check every rule of a user's ruleset module numerically
+    python -m rewrite check-pass MOD:FN    check a torch.fx pass on random graphs (rewrite.testing.check_fx_pass)
 """
 from __future__ import annotations
 
@@ -30,6 +31,28 @@ def _check_rules(args) -> int:
     return 0 if getattr(report, "ok", True) else 1
 
 
+def _check_pass(args) -> int:
+    import torch
+
+    from .testing import check_fx_pass, load_pass
+
+    try:
+        pass_fn = load_pass(args.spec)
+        dtypes = [getattr(torch, name, None) for name in args.dtypes or ()] or None
+        if dtypes and not all(isinstance(d, torch.dtype) for d in dtypes):
+            raise ValueError(f"--dtypes {' '.join(args.dtypes)}: name torch dtypes such as float32 int64 bool")
+        report = check_fx_pass(pass_fn, examples=args.examples, dynamic=args.dynamic, dtypes=dtypes, ops=args.ops,
+                               takes=args.takes, tolerance=args.tolerance and tuple(args.tolerance))
+    except ValueError as e:  # a bad name or option: say so, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except AssertionError as e:  # a counterexample: print it
+        print(e)
+        return 1
+    print(report)
+    return 0
+
+
 def _demo(args) -> int:
     from .demo import run_demo
 
@@ -50,6 +73,15 @@ def main(argv=None) -> int:
     check = sub.add_parser("check-rules", help="check a ruleset module's rules numerically")
     check.add_argument("module", help="importable module name holding RuleSet objects")
     check.set_defaults(run=_check_rules)
+    fx = sub.add_parser("check-pass", help="check a torch.fx pass on random graphs, print a counterexample")
+    fx.add_argument("spec", metavar="module:function", help="the pass: gets a GraphModule, returns one or None")
+    fx.add_argument("--examples", type=int, default=200, help="random graphs to check (default 200)")
+    fx.add_argument("--dynamic", action="store_true", help="graphs with symbolic sizes, run at several sizes")
+    fx.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="input dtypes, e.g. float32 int64 bool")
+    fx.add_argument("--ops", nargs="+", metavar="OP", help="op generators to draw graphs from (names in OPS)")
+    fx.add_argument("--takes", choices=["module", "graph"], help="pass gm.graph instead of gm (Inductor style)")
+    fx.add_argument("--tolerance", type=float, nargs=2, metavar=("RTOL", "ATOL"), help="compare within a tolerance")
+    fx.set_defaults(run=_check_pass)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s %(levelname)s: %(message)s")
