@@ -177,6 +177,9 @@ class ExportExperimentalConfig(_Section):
 class ExportConfig(_Section):
     onnx = _Typed(False, bool)
     experimental = ExportExperimentalConfig
+    # Multi-rank export and load: how long a rank waits for the others to reach a point they must
+    # all pass (a rank that failed before it, died or hangs makes the others fail after this long).
+    rank_timeout_s = _Number(300.0, 0, 7 * 24 * 3600, integer=False, unit="seconds", exclusive_minimum=True)
 
 
 class _StringList(_Typed):

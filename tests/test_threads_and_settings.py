@@ -329,3 +329,85 @@ def test_reductions_of_rows_with_inf_and_nan_give_what_eager_gives(name, kernels
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="rewrite", options={"exec.kernels": kernels})
         assert _same(fn(x), compiled(x)), f"{name} {dtype}: {fn(x)} != {compiled(x)}"
+
+
+# -- multi-rank: a rank that fails before a collective --------------------------------------------------
+
+_RANKS_SCRIPT = textwrap.dedent("""
+    import os, sys, time, torch, torch.distributed as dist
+
+    class AllReduce(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = torch.nn.Parameter(torch.ones(2, 2))
+
+        def forward(self, x):
+            x = x + self.p
+            dist.all_reduce(x)
+            return x
+
+    def attempt(path, rank, what, fn):
+        t0 = time.time()
+        try:
+            fn()
+            msg = "ok"
+        except Exception as e:
+            msg = f"{type(e).__name__}: {e}"
+        with open(os.path.join(path, f"{what}{rank}.txt"), "w") as f:
+            f.write(f"{time.time() - t0:.1f}\\n{msg}")
+
+    def run(rank, world_size, path, case):
+        import rewrite
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        config = rewrite.CompilerConfig()
+        config.export.rank_timeout_s = 5
+        if case == "export":  # rank 1's export fails while tracing, before the model's all_reduce runs on it
+            x = torch.ones(3, 3) if rank == 1 else torch.ones(2, 2)
+            attempt(path, rank, "export_fails", lambda: rewrite.dynamo_export(
+                x, model=AllReduce(), export_path=os.path.join(path, "bad"), export_name="mp", config=config))
+            os._exit(0)
+        # a good export; then rank 1's graph file is damaged and both ranks load
+        good = os.path.join(path, "good")
+        rewrite.dynamo_export(torch.ones(2, 2), model=AllReduce(), export_path=good, export_name="mp", config=config)
+        dist.barrier()
+        if rank == 1:
+            with open(os.path.join(good, "mp1.json"), "a") as f:
+                f.write(" ")
+        dist.barrier()
+        attempt(path, rank, "load_fails", lambda: rewrite.load(good, "mp", config=config))
+        os._exit(0)
+
+    if __name__ == "__main__":
+        os.environ["MASTER_ADDR"] = "localhost"
+        os.environ["MASTER_PORT"] = sys.argv[2]
+        torch.multiprocessing.spawn(run, args=(2, sys.argv[1], sys.argv[3]), nprocs=2, join=True)
+""")
+
+
+def test_a_rank_failing_before_a_collective_makes_the_others_fail_within_the_timeout(tmp_path):
+    import socket
+
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANKS_SCRIPT)
+    for case in ("export", "load"):  # a timed-out gloo group is broken for good: one process group per case
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            port = str(s.getsockname()[1])
+        subprocess.run([sys.executable, str(script), str(tmp_path), port, case], capture_output=True, text=True,
+                       timeout=300)
+
+    def outcome(what, rank):
+        seconds, message = (tmp_path / f"{what}{rank}.txt").read_text().split("\n", 1)
+        return float(seconds), message
+
+    seconds, message = outcome("export_fails", 0)
+    assert message.startswith("ExportError") and "rank 1" in message and "config.export.rank_timeout_s" in message, message
+    assert "broadcast" in message  # rank 1's own error, read from the store
+    assert seconds < 60, seconds  # gloo's default would be 30 minutes
+    assert "ok" != outcome("export_fails", 1)[1]
+    assert not (tmp_path / "bad").exists()  # no partial export
+
+    seconds, message = outcome("load_fails", 0)
+    assert message.startswith("ExportError") and "rank(s) [1] failed" in message and "checksum" in message, message
+    assert seconds < 60, seconds
+    assert "checksum" in outcome("load_fails", 1)[1]

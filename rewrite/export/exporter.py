@@ -39,6 +39,7 @@ from .errors import ExportError
 from .files import write_files
 from .loader import MANIFEST_FORMAT, ExportedModel
 from .program import build_program
+from .ranks import Ranks
 from .weights import InMemoryWeightReader
 
 log = logging.getLogger("rewrite")
@@ -151,27 +152,30 @@ def dynamo_export(*args, model: torch.nn.Module, export_path: str = "export_file
     t0 = time.perf_counter()
 
     log.info("export: tracing %s (dynamic=%s)", type(model).__name__, dynamic)
-    from .capture import capture  # imports Dynamo: only when exporting
-    cap = capture(model, args, kwargs, dynamic, config)
-    t_trace = time.perf_counter()
-    program = build_program(cap, model, args, kwargs, name=export_name, dynamic=dynamic, config=config,
-                            folder=folder, rank=rank, world_size=world_size)
-    if config.export.onnx and program.data["collectives"]:
-        raise ExportError("config.export.onnx cannot export a graph with collectives "
-                          f"({[c['op'] for c in program.data['collectives']]}); ONNX has no collective ops")
-    _self_check(program, args, kwargs, cap.result, config)
-    program.data["dump"] = os.path.join(folder, "dynamo.pbtxt") if folder else "dynamo.pbtxt"
-    onnx_files = {}
-    if config.export.onnx:
-        from .onnx import export_onnx
+    ranks = Ranks(rank is not None, config.export.rank_timeout_s)
+    with ranks.bounded(), ranks.together("export: trace, optimize and check"):
+        from .capture import capture  # imports Dynamo: only when exporting
+        cap = capture(model, args, kwargs, dynamic, config)
+        t_trace = time.perf_counter()
+        program = build_program(cap, model, args, kwargs, name=export_name, dynamic=dynamic, config=config,
+                                folder=folder, rank=rank, world_size=world_size)
+        if config.export.onnx and program.data["collectives"]:
+            raise ExportError("config.export.onnx cannot export a graph with collectives "
+                              f"({[c['op'] for c in program.data['collectives']]}); ONNX has no collective ops")
+        _self_check(program, args, kwargs, cap.result, config)
+        program.data["dump"] = os.path.join(folder, "dynamo.pbtxt") if folder else "dynamo.pbtxt"
+        onnx_files = {}
+        if config.export.onnx:
+            from .onnx import export_onnx
 
-        onnx_files = export_onnx(program, export_name)
-        program.data["onnx"] = f"{export_name}.onnx"
-    graph_text = graph_file_text(program.data)
+            onnx_files = export_onnx(program, export_name)
+            program.data["onnx"] = f"{export_name}.onnx"
+        graph_text = graph_file_text(program.data)
 
     manifest = None
     if rank is not None:
-        manifest = _agree_across_ranks(program, export_name, file_name, graph_text, rank, world_size)
+        with ranks.bounded():
+            manifest = _agree_across_ranks(program, export_name, file_name, graph_text, rank, world_size, ranks)
 
     # -- everything is known; write (weights, dump, onnx, graph file) as one unit, then the manifest --
     files = [(weight.file, weight.data) for weight in program.weights.files.values()]
@@ -180,15 +184,15 @@ def dynamo_export(*args, model: torch.nn.Module, export_path: str = "export_file
     files.append((file_name, graph_text.encode("utf-8")))
     n_weights = len(program.weights.files)
     log.info("export: writing %d files (%d weights) to %s", len(files), n_weights, export_path)
-    write_files(export_path, files)
+    # every rank's files exist before the manifest says so
+    with ranks.bounded(), ranks.together("export: write the files"):
+        write_files(export_path, files)
     graph_path = os.path.join(export_path, file_name)
     if manifest is not None:
-        import torch.distributed as dist
-
-        dist.barrier()  # every rank's files exist before the manifest says so
-        if rank == 0:
-            write_files(export_path, [(f"{export_name}_manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())])
-        dist.barrier()
+        with ranks.bounded(), ranks.together("export: write the manifest"):
+            if rank == 0:
+                write_files(export_path, [(f"{export_name}_manifest.json",
+                                           (json.dumps(manifest, indent=1) + "\n").encode())])
     log.info("export: %s written in %.2f s (trace+optimize %.2f s, %d ops, %d weight files)", graph_path,
              time.perf_counter() - t0, t_trace - t0, program.graph.num_ops(), n_weights)
     return graph_path
@@ -211,22 +215,7 @@ def graph_file_text(data: dict) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def _all_gather_json(obj) -> list:
-    """Gather one JSON-able object from every rank (as UTF-8 bytes in tensors: no pickle)."""
-    import torch.distributed as dist
-
-    data = torch.tensor(list(json.dumps(obj).encode("utf-8")), dtype=torch.uint8)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64))
-    longest = max(int(s) for s in sizes)
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[:data.numel()] = data
-    chunks = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes]
-    dist.all_gather(chunks, padded)
-    return [json.loads(bytes(c[:int(s)].tolist()).decode("utf-8")) for c, s in zip(chunks, sizes)]
-
-
-def _agree_across_ranks(program, export_name, file_name, graph_text, rank, world_size) -> dict:
+def _agree_across_ranks(program, export_name, file_name, graph_text, rank, world_size, ranks: "Ranks") -> dict:
     """Check that all ranks traced the same collectives; returns the manifest (written by rank 0)."""
     import torch.distributed as dist
 
@@ -239,7 +228,7 @@ def _agree_across_ranks(program, export_name, file_name, graph_text, rank, world
                         for c in program.data["collectives"]],
         "process_groups": program.data["process_groups"],
     }
-    everyone = _all_gather_json(mine)
+    everyone = ranks.exchange(mine, stage="export: compare the ranks' collectives")
     first = everyone[0]
     for other in everyone[1:]:
         if other["collectives"] != first["collectives"]:

@@ -31,6 +31,7 @@ from .checks import (at, confined_path, describe, expect_bool, expect_file_name,
                      expect_sha256, expect_shape, expect_str, fail)
 from .errors import ExportError
 from .format import FORMAT_VERSION, READABLE_VERSIONS, decode_graph
+from .ranks import Ranks
 from .signature import InputBinder, build_result, check_input_spec, check_output_spec, scalar_value
 from .weights import WeightReader
 
@@ -431,31 +432,40 @@ def _load(export_path: str, export_name: str, config, rank) -> ExportedModel:
     single_name, manifest_name = f"{export_name}.json", f"{export_name}_manifest.json"
     single = confined_path(export_path, single_name, "export_name")
     manifest_path = confined_path(export_path, manifest_name, "export_name")
-    group_names = None
     if os.path.lexists(single):
-        path, label, expected_sha = single, single_name, None
-    elif os.path.lexists(manifest_path):
-        manifest, _ = read_json(manifest_path, "manifest")
-        check_header(manifest, manifest_name, MANIFEST_FORMAT)
-        rank, entry, group_names = _rank_entry(manifest, manifest_name, rank)
-        label = entry["graph"]
-        path = confined_path(export_path, label, at(manifest_name, "ranks"))
-        expected_sha = entry["graph_sha256"]
-    else:
+        program, weights = _read_rank_files(export_path, single, single_name, None)
+        return ExportedModel(program, weights, config, None, where=single_name)
+    if not os.path.lexists(manifest_path):
         found = sorted(f for f in os.listdir(export_path) if f.endswith(".json"))[:20]
         raise ExportError(f"{export_path} holds neither {single_name} nor {manifest_name} "
                           f"(json files there: {found}); pass the export_name used when exporting")
+    manifest, _ = read_json(manifest_path, "manifest")
+    check_header(manifest, manifest_name, MANIFEST_FORMAT)
+    rank, entry = _rank_entry(manifest, manifest_name, rank)
+    label = entry["graph"]
+    ranks = Ranks(True, (config if config is not None else CompilerConfig()).export.rank_timeout_s)
+    # this rank's own files first: a rank that fails here must not leave the others in new_group
+    with ranks.bounded():
+        with ranks.together(f"rewrite.load of {export_name}"):
+            path = confined_path(export_path, label, at(manifest_name, "ranks"))
+            program, weights = _read_rank_files(export_path, path, label, entry["graph_sha256"])
+        groups = _resolve_groups(manifest)
+    return ExportedModel(program, weights, config, groups, where=label)
+
+
+def _read_rank_files(export_path: str, path: str, label: str, expected_sha: str | None):
+    """One rank's graph file and weights, checked (a manifest's checksum too, when there is one)."""
     program, raw = read_json(path, "graph file")
     if expected_sha is not None and hashlib.sha256(raw).hexdigest() != expected_sha:
         raise ExportError(f"graph file {path} does not match the checksum in the manifest (altered after export)")
     _check_program(program, label)
     weights = WeightReader(export_path, program["weights"], where=at(label, "weights"))
     weights.verify_all()
-    return ExportedModel(program, weights, config, group_names, where=label)
+    return program, weights
 
 
 def _rank_entry(manifest: dict, where: str, rank: int | None):
-    """This process's entry of a checked manifest, and its process groups."""
+    """This process's rank and its entry of a checked manifest."""
     import torch.distributed as dist
 
     expect_object(manifest, where, *_MANIFEST_FIELDS)
@@ -478,4 +488,4 @@ def _rank_entry(manifest: dict, where: str, rank: int | None):
     rank = dist.get_rank() if rank is None else rank
     if rank not in entries:
         raise ExportError(f"{where} has no entry for rank {rank} (ranks: {sorted(entries)})")
-    return rank, entries[rank], _resolve_groups(manifest)
+    return rank, entries[rank]
