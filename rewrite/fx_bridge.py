@@ -88,6 +88,7 @@ def from_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
                 stack = fx_node.meta.get("nn_module_stack")
                 if stack:
                     node.attrs["module_stack"] = [path for path, _ in stack.values()]
+                    node.attrs["module_types"] = [_class_name(t) for _, t in stack.values()]
             elif fx_node.op == "output":
                 outs = torch.fx.node.map_arg(fx_node.args[0], remap)
                 g.set_output(tuple(outs) if isinstance(outs, list) else outs)
@@ -183,3 +184,9 @@ def to_fx(g: Graph) -> torch.fx.GraphModule:
         env[n.id] = fx_node
     return torch.fx.GraphModule(root, fx_graph)
 
+
+def _class_name(t) -> str:
+    """A module class of Dynamo's ``nn_module_stack``: a class, or its repr ``"<class 'pkg.Name'>"``."""
+    if isinstance(t, type):
+        return t.__qualname__
+    return str(t).rsplit(".", 1)[-1].strip("'<>")

@@ -352,6 +352,10 @@ SIGNED_INTS = (torch.int8, torch.int16, torch.int32, torch.int64)
 INTS = (torch.uint8,) + SIGNED_INTS
 ALL_DTYPES = FLOATS + INTS + (torch.bool,)
 COMPLEX = (torch.complex64, torch.complex128)
+# Storage dtypes with few or no CPU kernels: they are moved, cast and stored, rarely computed with.
+FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+               if hasattr(torch, n))
+WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 
 
 # -- families ----------------------------------------------------------------------------------------
@@ -451,3 +455,23 @@ def family_table(*pairs) -> dict:
 # Every reduction over dims, whatever the position of its dim and keepdim arguments (bind them by name).
 REDUCTIONS = (SUMS | MEANS | VARIANCES | VARIANCE_MEANS | MIN_MAX | ANY_ALL | ARG_REDUCTIONS | MAX_MIN_DIM
               | FULL_MAX_MIN | LOGSUMEXP | SELECTIONS)
+
+
+def _ops_of(namespace: str, *names: str) -> frozenset:
+    """Overloads of a non-ATen namespace by ``op.overload``, skipping those this build lacks."""
+    out = []
+    for n in names:
+        packet, overload = n.split(".")
+        op = getattr(getattr(getattr(torch.ops, namespace), packet, None), overload, None)
+        if isinstance(op, torch._ops.OpOverload):
+            out.append(op)
+    return frozenset(out)
+
+
+# Fused CPU kernels ATen ships (oneDNN linear with post-ops; MKL GEMM on a weight packed per batch
+# size), where this build has them; the cost model knows them whether or not a rule produces them.
+FUSED_LINEARS = _ops_of("mkldnn", "_linear_pointwise.default", "_linear_pointwise.binary")
+PACKED_LINEARS = _ops_of("mkl", "_mkl_linear.default")
+BATCH_NORMS = _overloads("_native_batch_norm_legit_no_training.default", "_native_batch_norm_legit.default",
+                         "native_batch_norm.default")
+CONCATS = _overloads("cat.default", "stack.default")

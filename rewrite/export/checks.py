@@ -162,7 +162,7 @@ def expect_shape(value, where: str) -> list[int]:
 
 # -- fixed tables ---------------------------------------------------------------------------------
 
-_DTYPES = {ops.dtype_str(d): d for d in ops.ALL_DTYPES + ops.COMPLEX}
+_DTYPES = {ops.dtype_str(d): d for d in ops.ALL_DTYPES + ops.COMPLEX + ops.FLOAT8 + ops.WIDE_UNSIGNED}
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]{1,4})?")
 
 

@@ -287,6 +287,7 @@ ATTRS = {
     "stream": _stream_tag,
     "stream_priority": _stream_priority,
     "module_stack": _module_stack,
+    "module_types": _module_stack,
     "module_path": lambda v, where: expect_str(v, where, max_len=1024),
     "side_effect": expect_bool,
 }

@@ -186,18 +186,22 @@ def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: di
     input_spec, leaves = describe_inputs(model, args, kwargs)
     g = cap.graph.copy()
     bindings, weight_names = _bind_inputs(g, cap, input_spec, leaves, _named_weights(model))
-    outputs = describe_outputs(cap.result, cap.graph_outputs, leaves)
     graph_outs = g.outputs if isinstance(g.outputs, (tuple, list)) else (g.outputs,)
+    symbolic = [k for k, n in enumerate(graph_outs)
+                if isinstance(getattr(n, "meta", None), SymMeta) and sympy.sympify(n.meta.expr).free_symbols]
+    outputs = describe_outputs(cap.result, cap.graph_outputs, leaves, symbolic)
     if len(graph_outs) != len(cap.graph_outputs):
         raise ExportError(f"the graph returns {len(graph_outs)} values but the compiled model's graph returned "
                           f"{len(cap.graph_outputs)}; cannot match outputs")
 
     record_stack = config.export.experimental.enable_record_nn_module_stack
     for n in g.nodes:
-        stack = n.attrs.pop("module_stack", None)
+        stack, types = n.attrs.pop("module_stack", None), n.attrs.pop("module_types", None)
         if record_stack and stack:
             n.attrs["module_stack"] = [module_path(s) for s in stack]
             n.attrs["module_path"] = n.attrs["module_stack"][-1]
+            if types and len(types) == len(stack):
+                n.attrs["module_types"] = list(types)
 
     writer = WeightWriter(weight_names, folder)
     # weight_name / derived_from (the parameter a constant holds or was folded from) are superseded

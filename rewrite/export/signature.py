@@ -80,10 +80,13 @@ def describe_inputs(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[
     return {"positional": positional, "names": names, "keyword": keyword, "same_tensor": same}, leaves
 
 
-def describe_outputs(result, graph_outputs, input_leaves: list) -> dict:
-    """Match the model's result to the graph outputs by identity (what Dynamo's bytecode returned)."""
+def describe_outputs(result, graph_outputs, input_leaves: list, symbolic=()) -> dict:
+    """Match the model's result to the graph outputs: tensors by identity (what Dynamo's bytecode
+    returned), numbers to the graph's size outputs (``symbolic``: the positions whose value is a size
+    expression) of equal value, in order; any other number is a constant of the model."""
     by_id = {id(t): k for k, t in enumerate(graph_outputs) if isinstance(t, torch.Tensor)}
     input_ids = {id(t): i for i, t in enumerate(input_leaves) if isinstance(t, torch.Tensor)}
+    sizes = [k for k in symbolic if not isinstance(graph_outputs[k], torch.Tensor)]
 
     def walk(value, where):
         if isinstance(value, torch.Tensor):
@@ -93,6 +96,10 @@ def describe_outputs(result, graph_outputs, input_leaves: list) -> dict:
                 return {"leaf": input_ids[id(value)]}
             raise ExportError(f"result {where} is a tensor the graph did not produce (a view or copy made "
                               "outside the compiled graph); return the graph's own tensors")
+        size = next((k for k in sizes if type(graph_outputs[k]) is type(value) and graph_outputs[k] == value), None)
+        if size is not None:  # a size the graph computes: it follows the inputs' shapes
+            sizes.remove(size)
+            return {"output": size}
         if value is None or isinstance(value, (str,) + _SCALARS):
             return {"const": _scalar_record(value)}
         if isinstance(value, list):
