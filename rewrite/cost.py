@@ -1,12 +1,23 @@
-"""The one cost model: estimated single-thread seconds of an op, from its metas.
+"""The one cost model: predicted seconds of an op on this machine, from its metas.
 
 Used by e-graph extraction (which form of a value is cheapest), by the optimizer's "keep the
-cheaper graph" check, and by ``exec.auto_streams`` (which branches are worth a stream). A compute
-op costs a fixed dispatch overhead plus the larger of its compute time and its memory time (a
-roofline); ops that only make views or compute sizes cost a fraction of a dispatch, so extraction
-still prefers ``x`` over ``view(view(x))``. Symbolic sizes are costed at `SYMBOL_SIZE`.
+cheaper graph" check, by ``exec.auto_streams`` (which branches are worth a stream) and by
+``rewrite.explain`` (predicted cost before/after). One formula for every op:
 
-The figures are rough for one CPU core; only ratios matter to the decisions built on them.
+    seconds = overhead(family) + max(work / rate(family, dtype), bytes moved / memory rate) / speed-up
+
+where the family (`FAMILIES`: gemm, fused linear, packed linear, attention, convolution,
+normalization, copy, pointwise) says what ``work`` is (flops, or bytes) and the rates are
+*measured* on this machine by `rewrite.calibration` (a micro-benchmark of a second or two, cached
+per machine, torch version and thread count; ``python -m rewrite calibrate`` re-runs it); rates are
+for one thread, and the speed-up on the process's threads (measured on a large GEMM) applies as
+a kernel's work grows past `PARALLEL_GRAIN_S`. Views and
+size queries cost a fraction of a dispatch, so extraction still prefers ``x`` over
+``view(view(x))``; symbolic sizes are costed at `SYMBOL_SIZE`.
+
+Compile-time work is free: an op whose inputs are all constants is evaluated once by the folding
+pass (`folds_at_compile_time`), so a rule may build new weights out of frozen ones (a concatenated
+QKV weight, a scale folded into a weight) and extraction counts them at no run-time cost.
 """
 from __future__ import annotations
 
@@ -14,22 +25,42 @@ import functools
 import operator
 
 import sympy
+import torch
 
 from . import ops
 from .ir import Graph, Node, SymMeta, TensorMeta, iter_metas
 
-__all__ = ["op_cost", "node_cost", "graph_cost", "numel", "nbytes", "flops", "moves_no_data",
-           "OP_OVERHEAD_S", "VIEW_S", "SIZE_S", "FLOPS_PER_S", "BYTES_PER_S", "SYMBOL_SIZE"]
+__all__ = ["op_cost", "node_cost", "graph_cost", "numel", "nbytes", "flops", "moves_no_data", "family_of",
+           "folds_at_compile_time", "foldable_target", "is_weight", "dispatch_overhead", "single_thread_cost",
+           "FAMILIES", "SIZE_S", "SYMBOL_SIZE", "FOLD_SIZE_LIMIT"]
 
-OP_OVERHEAD_S = 4e-6     # dispatching one ATen kernel from Python
-VIEW_S = 1e-6            # an op that only makes a view (no data moved)
-SIZE_S = 0.5e-6          # size arithmetic on Python ints
-FLOPS_PER_S = 100e9
-BYTES_PER_S = 8e9
+SIZE_S = 0.3e-6          # size arithmetic on Python ints (not worth measuring: it is never the choice)
+PARALLEL_GRAIN_S = 100e-6  # one thread's work from which a kernel gets the measured multi-thread speed-up
 SYMBOL_SIZE = 64         # what a symbolic size counts as
+FOLD_SIZE_LIMIT = 65_536  # config.rules.fold_size_limit's default: what the cost model assumes folds
 
-_FREE = ops.VIEWS | ops.SIZE_QUERIES | {operator.getitem}
+# Op families by what bounds them; the rest is "pointwise" (memory-bound, one pass over the data).
 _ADD_MATMULS = ops._overloads("addmm.default", "baddbmm.default")
+_COMPUTE = {  # family -> targets whose work is counted in flops
+    "gemm": ops.MATMULS,
+    "fused_linear": ops.FUSED_LINEARS,
+    "packed_linear": ops.PACKED_LINEARS,
+    "attention": ops.ATTENTION,
+    "convolution": ops.CONVOLUTIONS,
+}
+_MEMORY = {  # family -> targets whose work is the bytes they move
+    "normalization": ops.LAYER_NORMS | ops.BATCH_NORMS | ops.SOFTMAXES | ops.REDUCTIONS,
+    "copy": ops.COPIES | ops.CONCATS,
+}
+FAMILIES = (*_COMPUTE, *_MEMORY, "pointwise")
+_FAMILY = {t: f for f, targets in {**_COMPUTE, **_MEMORY}.items() for t in targets}
+# reshape too: it is a view whenever the layout allows, and the graphs it runs in are dense
+_FREE = ops.VIEWS | ops.SIZE_QUERIES | {operator.getitem} | ops._overloads("reshape.default")
+
+
+def family_of(target) -> str:
+    """The cost family of a call target (`FAMILIES`)."""
+    return _FAMILY.get(target, "pointwise")
 
 
 @functools.lru_cache(maxsize=65_536)
@@ -63,21 +94,20 @@ def flops(target, out_meta, in_metas: list) -> float:
     tensors = [m for m in in_metas if isinstance(m, TensorMeta) and m.shape is not None]
     out = next((m for m in iter_metas(out_meta) if isinstance(m, TensorMeta)), None)
     out_n = numel(out)
-    if target in ops.MATMULS and tensors:
-        # 2*M*N*K: the output's elements times the reduced dimension (last dim of the first matrix)
+    family = family_of(target)
+    if family in ("gemm", "fused_linear", "packed_linear") and tensors:
+        # 2*M*N*K: the output's elements times the reduced dimension (last dim of the activation)
         a = tensors[1] if target in _ADD_MATMULS and len(tensors) > 1 else tensors[0]
         k = _concrete(a.shape[-1]) if a.shape else 1
         return 2.0 * out_n * k
-    if target in ops.CONVOLUTIONS and len(tensors) > 1:
-        w = tensors[1]
+    if family == "convolution" and len(tensors) > 1:
         per_out = 1
-        for s in w.shape[1:]:
+        for s in tensors[1].shape[1:]:
             per_out *= _concrete(s)
         return 2.0 * out_n * per_out
-    if target in ops.ATTENTION and tensors and len(tensors[0].shape) >= 2:
-        q = tensors[0]
+    if family == "attention" and tensors and len(tensors[0].shape) >= 2:
         kv_len = _concrete(tensors[1].shape[-2]) if len(tensors) > 1 and len(tensors[1].shape) >= 2 else 1
-        return 4.0 * numel(q) * kv_len
+        return 4.0 * numel(tensors[0]) * kv_len
     return float(max(out_n, max((numel(t) for t in tensors), default=0)))
 
 
@@ -86,14 +116,107 @@ def moves_no_data(target) -> bool:
     return target in _FREE
 
 
+def _dtype(out_meta, in_metas) -> torch.dtype:
+    for m in (*iter_metas(out_meta), *in_metas):
+        if isinstance(m, TensorMeta) and m.dtype.is_floating_point:
+            return m.dtype
+    return torch.float32
+
+
+def _metas_key(metas) -> tuple:
+    return tuple(m if isinstance(m, (TensorMeta, SymMeta)) else type(m).__name__ for m in metas)
+
+
 def op_cost(target, out_meta, in_metas: list) -> float:
-    """Estimated seconds of one call of ``target`` producing ``out_meta`` from inputs with ``in_metas``."""
-    if target in ops.SIZE_ARITHMETIC or isinstance(out_meta, SymMeta) or target in ops.SIZE_QUERIES:
-        return SIZE_S
+    """Predicted seconds of one call of ``target`` producing ``out_meta`` from inputs with ``in_metas``."""
+    try:
+        return _op_cost_cached(target, out_meta, _metas_key(in_metas), _calibration())
+    except TypeError:  # an unhashable meta (a list): compute without the cache
+        return _op_cost(target, out_meta, in_metas, _calibration())
+
+
+@functools.lru_cache(maxsize=65_536)
+def _op_cost_cached(target, out_meta, in_metas: tuple, cal) -> float:
+    return _op_cost(target, out_meta, list(in_metas), cal)
+
+
+def _op_cost(target, out_meta, in_metas: list, cal) -> float:
+    overhead, work = _one_thread(target, out_meta, in_metas, cal)
+    return overhead + work / _speedup(work, cal)
+
+
+def _speedup(work: float, cal) -> float:
+    """How much faster ``work`` seconds of one thread's kernel run on the process's threads: the
+    measured speed-up of a large kernel, reached as the work grows past `PARALLEL_GRAIN_S`."""
+    return 1.0 + (cal.parallel - 1.0) * min(1.0, work / PARALLEL_GRAIN_S)
+
+
+def _one_thread(target, out_meta, in_metas: list, cal) -> tuple[float, float]:
+    """(fixed overhead, work) seconds of one call on one thread."""
+    if target in ops.SIZE_ARITHMETIC or isinstance(out_meta, SymMeta) or target in ops.SIZE_QUERIES \
+            or target is operator.getitem:  # Python arithmetic, or indexing a tuple the kernel returned
+        return SIZE_S, 0.0
     if target in _FREE:
-        return VIEW_S
+        return cal.view_s, 0.0
+    family = family_of(target)
+    rates = cal.families[family]
     moved = nbytes(out_meta) + sum(nbytes(m) for m in in_metas)
-    return OP_OVERHEAD_S + max(flops(target, out_meta, in_metas) / FLOPS_PER_S, moved / BYTES_PER_S)
+    memory_time = moved / cal.families["pointwise"].rate
+    if family in _COMPUTE:
+        speed = cal.dtype_speed.get(ops.dtype_str(_dtype(out_meta, in_metas)), 1.0)
+        work_time = flops(target, out_meta, in_metas) / (rates.rate * speed)
+    else:
+        work_time = moved / rates.rate
+    return rates.overhead_s, max(work_time, memory_time)
+
+
+def dispatch_overhead() -> float:
+    """Seconds of calling one ATen kernel from generated code (measured)."""
+    return _calibration().dispatch_s
+
+
+def single_thread_cost(node: Node) -> float:
+    """`node_cost` on one thread (``auto_streams`` shares threads between streams itself)."""
+    if node.kind != "call":
+        return 0.0
+    overhead, work = _one_thread(node.target, node.meta, [i.meta for i in node.inputs], _calibration())
+    return overhead + work
+
+
+# -- compile-time work ----------------------------------------------------------------------------
+
+def foldable_target(target) -> bool:
+    """Whether calls of ``target`` may be evaluated at compile time when their inputs are constants:
+    deterministic ATen/prims ops without mutation and with reproducible results (not ``empty``)."""
+    if not ops.is_overload(target) or target.namespace not in ("aten", "prims"):
+        return False
+    if ops.is_mutable(target) or ops.is_nondeterministic(target):
+        return False
+    name = target._schema.name
+    return "empty" not in name and not name.startswith("aten::_local_scalar")
+
+
+def folds_at_compile_time(target, out_meta, weight_numel: int = 0, size_limit: int = FOLD_SIZE_LIMIT) -> bool:
+    """Whether a call on constants only is folded into a constant (so it costs nothing at run time).
+
+    Folding keeps results of at most ``size_limit`` elements, or no larger than the frozen weights
+    among its inputs together (``weight_numel`` elements): a transposed, scaled or concatenated
+    weight takes the place of the weights it is computed from.
+    """
+    if not foldable_target(target):
+        return False
+    if isinstance(out_meta, SymMeta):
+        return True
+    if not isinstance(out_meta, TensorMeta) or not out_meta.is_static():
+        return False
+    n = numel(out_meta)
+    return n <= size_limit or n <= weight_numel
+
+
+def is_weight(node: Node) -> bool:
+    """A constant holding a frozen weight or a value folded from frozen weights."""
+    a = node.attrs
+    return node.kind == "constant" and bool(a.get("weight_name") or a.get("derived_from") or a.get("from_weights"))
 
 
 def node_cost(node: Node) -> float:
@@ -104,5 +227,27 @@ def node_cost(node: Node) -> float:
 
 
 def graph_cost(graph: Graph) -> float:
-    """Sum of `node_cost` over a graph: its DAG cost."""
-    return sum(node_cost(n) for n in graph.nodes)
+    """Predicted run time of a graph: the sum of its ops' costs; what folding will compute at
+    compile time (constants and calls on them, see `folds_at_compile_time`) costs nothing."""
+    known: dict[int, int] = {}  # compile-time node id -> its elements if it comes from frozen weights, else 0
+    total = 0.0
+    for n in graph.nodes:
+        if n.kind == "constant":
+            known[n.id] = numel(n.meta) if is_weight(n) else 0
+            continue
+        if n.kind != "call":
+            continue
+        inputs = n.inputs
+        if not n.waits and all(i.id in known for i in inputs):
+            weights = sum(known[i.id] for i in inputs)
+            if folds_at_compile_time(n.target, n.meta, weights):
+                known[n.id] = numel(n.meta) if weights else 0
+                continue
+        total += op_cost(n.target, n.meta, [i.meta for i in inputs])
+    return total
+
+
+def _calibration():
+    from .calibration import current
+
+    return current()

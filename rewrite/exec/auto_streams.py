@@ -1,8 +1,9 @@
 """``config.exec.auto_streams``: put independent branches of an unannotated graph on streams.
 
-The package's cost model (`rewrite.cost`) estimates each op's time from its `TensorMeta` shapes;
-here that time shrinks with intra-op threads: an op only uses as many threads as it has work for,
-so small ops leave cores idle that another branch could use.
+The package's cost model (`rewrite.cost`, calibrated on this machine) estimates each op's
+single-thread time from its `TensorMeta` shapes; here that time shrinks with intra-op threads: an
+op only uses as many threads as it has work for, so small ops leave cores idle that another branch
+could use.
 
 A list scheduler then places ops, in order of their critical path to the output, on the stream
 where they would finish first, paying a synchronisation cost whenever an input lives on another
@@ -15,7 +16,7 @@ import logging
 
 import torch
 
-from ..cost import OP_OVERHEAD_S, moves_no_data, node_cost
+from ..cost import dispatch_overhead, moves_no_data, single_thread_cost
 from ..ir import Graph
 
 log = logging.getLogger("rewrite")
@@ -34,10 +35,11 @@ MIN_GAIN = 0.8  # keep the assignment only if it is estimated at most 80% of one
 
 def _time(cost: float, threads: int) -> float:
     """An op spreads its work over at most ``threads`` threads, and only if it has enough of it."""
-    if cost <= OP_OVERHEAD_S:
+    overhead = dispatch_overhead()
+    if cost <= overhead:
         return cost
-    useful = max(1, min(threads, int((cost - OP_OVERHEAD_S) / WORK_PER_THREAD)))
-    return OP_OVERHEAD_S + (cost - OP_OVERHEAD_S) / useful
+    useful = max(1, min(threads, int((cost - overhead) / WORK_PER_THREAD)))
+    return overhead + (cost - overhead) / useful
 
 
 def assign_streams(graph: Graph, num_streams: int | None = None, threads: int | None = None) -> dict:
@@ -50,7 +52,7 @@ def assign_streams(graph: Graph, num_streams: int | None = None, threads: int | 
     if len(calls) < 2:
         return {}
     # Views and getitem take no time on a stream: they stay with their input.
-    cost = {n.id: 0.0 if moves_no_data(n.target) else node_cost(n) for n in calls}
+    cost = {n.id: 0.0 if moves_no_data(n.target) else single_thread_cost(n) for n in calls}
     single = sum(_time(c, threads) for c in cost.values())
 
     # Critical path from each node to the end, on a share of the threads.
