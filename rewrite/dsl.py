@@ -38,7 +38,9 @@ Conditions (the ``when=[...]`` list; all must hold)
     ``dtype_is(x, *dtypes)`` (listed as ``tensor(x)`` when it names every dtype: ``x`` is a
     tensor, not a Python scalar in a Tensor position), ``same_dtype(x, y)``, ``same_shape(x, y)``,
     ``shape_is(x, s)`` (the shape of tensor ``x`` equals the size list ``s``: a variable bound to
-    a list argument, or a literal list), ``rank_is(x, n)``, ``value_is(c, v)`` (``c`` is a
+    a list argument, or a literal list), ``dims_agree(x, i, y, j)`` (dim i of x has the size of
+    dim j of y; what GEMM rules state, and what lets `check_rule` draw operands that fit),
+    ``rank_is(x, n)``, ``value_is(c, v)`` (``c`` is a
     compile-time constant tensor or scalar whose elements all equal ``v``; typed like literals
     only in that NaN never equals anything and -0.0 is distinct from 0.0).
     Every condition can be checked in two places: inside the e-graph (each e-class has a meta;
@@ -61,13 +63,28 @@ Rules
     ``keeps dtype+shape``, after the rule's own conditions: ``squeeze.dim(x, d) -> x`` is sound
     only through it). Replacements inherit the stream of the matched node, and all op nodes of a
     pattern must be on the same stream.
-    ``Rule`` exposes: ``name``, ``lhs``, ``rhs``, ``when``, ``variables`` (names in ``lhs``),
+    ``rule(..., exact=False)`` declares a replacement that computes the same real-number function
+    but may round differently (a fused kernel, a scale folded into a weight, a wider GEMM):
+    `rewrite.testing.check_rule` then compares both sides within the dtype's tolerance instead of
+    bit for bit, on instances in the rule's domain (`in_domain`: finite values, none so large that
+    a sum may overflow on one side only). Every rule is exact unless it says so.
+    ``Rule`` exposes: ``name``, ``lhs``, ``rhs``, ``when``, ``exact``, ``variables`` (names in ``lhs``),
     ``var_types()`` (name -> torch's schema type string of the first position the variable
     takes in ``lhs``: ``"Tensor"``, ``"List[int]"``, ``"List[SymInt]"``, ``"Scalar"``,
     ``"Optional[List[int]]"``...), ``is_computed``,
     ``conditions_hold(binding)``, ``match(tree)`` (``tree`` built from ``Call(target, args)``
     records and values; returns the binding or None), and ``apply(binding)`` which evaluates the
     replacement on concrete values (``evaluate(pattern, binding)`` does that for any pattern).
+
+Multi-pattern rules
+    ``siblings(p1, p2, ...)`` on the left side matches values that all exist in the graph at once
+    (sharing the variables they share): ``siblings(aten.mm.default(x, w0), aten.mm.default(x, w1))``
+    is two GEMMs reading the same ``x``. The right side is a ``siblings(r1, r2, ...)`` of the same
+    arity: member i is replaced by ri. The engine guards such rules so they cannot explode: every
+    member must be an original node of the graph (terms rules created are never members, so a
+    merged GEMM is not merged again) and members are taken in graph order (each set matches once).
+    As a value (`evaluate`, `check_rule`), ``siblings(...)`` is its members flattened and
+    concatenated into one tensor, so a multi-pattern rule is checked like any other.
 
 Rulesets
     ``RuleSet(name, rules, iterations=8, description="")``: a named group run together, at most
@@ -79,6 +96,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import zlib
 from typing import Any, Iterable
 
@@ -90,8 +108,8 @@ from .ops import (ALL_DTYPES, FLOATS, INTS, NO_DEFAULT, OpError, canonical_call,
 __all__ = [
     "Pattern", "Var", "Lit", "OpPattern", "variables", "op", "aten", "prims",
     "Condition", "is_float", "is_integer", "is_bool", "dtype_is", "same_dtype", "same_shape",
-    "shape_is", "rank_is", "value_is",
-    "Rule", "RuleSet", "rule", "evaluate", "canonical_call", "target_name", "target_from_name",
+    "shape_is", "rank_is", "value_is", "is_uniform", "is_const", "is_scalar", "made_by", "on_device", "dims_agree", "siblings", "SIBLINGS",
+    "Rule", "RuleSet", "rule", "in_domain", "evaluate", "canonical_call", "target_name", "target_from_name",
     "RuleError", "match", "Call", "shape_key", "splat_key", "dtype_str", "same_value",
 ]
 
@@ -149,6 +167,8 @@ class OpPattern(Pattern):
         return target_name(self.target)
 
     def __repr__(self):
+        if self.target is SIBLINGS:
+            return "siblings(" + ", ".join(map(repr, self.args[0])) + ")"
         inner = [_fmt(a) for a in self.args]
         for k, v in self.kwargs.items():
             default = schema_default(self.target, k)
@@ -271,6 +291,31 @@ class _PacketBuilder:
 
 aten = _Namespace("aten")
 prims = _Namespace("prims")
+
+
+@torch.library.custom_op("rewrite_dsl::siblings", mutates_args=())
+def _siblings_value(members: list[torch.Tensor]) -> torch.Tensor:
+    """The value of ``siblings(...)`` for checking: its members flattened into one tensor."""
+    return torch.cat([m.reshape(-1) for m in members])
+
+
+SIBLINGS = torch.ops.rewrite_dsl.siblings.default
+register_target(SIBLINGS)
+
+
+def siblings(*patterns) -> OpPattern:
+    """A multi-pattern: values that all exist in the graph at once (see "Multi-pattern rules")."""
+    if len(patterns) < 2:
+        raise RuleError(f"siblings(...) takes two or more op patterns, got {len(patterns)}")
+    for p in patterns:
+        if not isinstance(p, OpPattern) or p.target is SIBLINGS:
+            raise RuleError(f"siblings(...) members must be op patterns (not nested siblings), got {p!r}")
+    return OpPattern(SIBLINGS, (list(patterns),), {})
+
+
+def members(p) -> list | None:
+    """The member patterns of a ``siblings(...)`` pattern, or None for any other pattern."""
+    return list(p.args[0]) if isinstance(p, OpPattern) and p.target is SIBLINGS else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,6 +450,45 @@ class ShapeIs(_OnOne):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
+class DimsAgree(Condition):
+    """Dim ``i`` of tensor ``x`` has the size of dim ``j`` of tensor ``y`` (negative: from the end)."""
+
+    x: Var
+    i: int
+    y: Var
+    j: int
+
+    @property
+    def vars(self):
+        return (self.x, self.y)
+
+    def __repr__(self):
+        return f"dims_agree({self.x!r}, {self.i}, {self.y!r}, {self.j})"
+
+    def holds(self, binding):
+        a, b = (_shape_of(v) for v in self._values(binding))
+        return (a is not None and b is not None and -len(a) <= self.i < len(a) and -len(b) <= self.j < len(b)
+                and shape_key([a[self.i]]) == shape_key([b[self.j]]))
+
+    def to_egglog(self, scope, compiler):
+        x, y = scope.var(self.x.name), scope.var(self.y.name)
+        if self.i < 0 or self.j < 0:  # index from the end: through the rank
+            ri, rj = scope.var(f"_rank_{self.x.name}"), scope.var(f"_rank_{self.y.name}")
+            return [f"(= {ri} (rank (meta {x})))", f"(= {rj} (rank (meta {y})))",
+                    f"(= (dim (meta {x}) {self._index(ri, self.i)}) (dim (meta {y}) {self._index(rj, self.j)}))"]
+        return [f"(= (dim (meta {x}) {self.i}) (dim (meta {y}) {self.j}))"]
+
+    @staticmethod
+    def _index(rank: str, i: int) -> str:
+        return str(i) if i >= 0 else f"(+ {rank} {i})"
+
+    def hint(self, hints):
+        # whichever is drawn second takes the size from the first
+        hints.setdefault(self.x.name, {}).setdefault("dims_from", []).append((self.i, self.y.name, self.j))
+        hints.setdefault(self.y.name, {}).setdefault("dims_from", []).append((self.j, self.x.name, self.i))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class RankIs(_OnOne):
     rank: int
 
@@ -437,6 +521,107 @@ class ValueIs(_OnOne):
 
     def hint(self, hints):
         hints.setdefault(self.x.name, {})["value"] = self.value
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class OnDevice(_OnOne):
+    """``x`` is a tensor on a device of type ``device`` ("cpu", "cuda"): for kernels of one backend."""
+
+    device: str
+
+    def __repr__(self):
+        return f"on_device({self._names()}, {self.device!r})"
+
+    def holds(self, binding):
+        v = self._values(binding)[0]
+        from .ir import TensorMeta
+
+        return isinstance(v, (torch.Tensor, TensorMeta)) and torch.device(v.device).type == self.device
+
+    def to_egglog(self, scope, compiler):
+        return [f'(= (device (meta {scope.var(self.x.name)})) "{self.device}")']
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class IsScalar(_OnOne):
+    """``x`` is a Python number or a 0-dim tensor: it scales every element alike and broadcasts
+    into any shape without changing it."""
+
+    def __repr__(self):
+        return f"is_scalar({self._names()})"
+
+    def holds(self, binding):
+        v = self._values(binding)[0]
+        if isinstance(v, torch.Tensor):
+            return v.dim() == 0
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def to_egglog(self, scope, compiler):
+        return [f"(Scalar {scope.var(self.x.name)})"]
+
+    def hint(self, hints):
+        hints.setdefault(self.x.name, {}).update(rank=0, value=0.5)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class MadeBy(_OnOne):
+    """``x`` is computed by a call of one of ``targets`` (in the graph, not only equal to one).
+
+    A structural condition for rules whose reason is layout, not value: values cannot tell how
+    they were made, so on concrete values (`check_rule`) it holds for every tensor.
+    """
+
+    targets: tuple
+
+    def __repr__(self):
+        return f"made_by({self._names()}, {', '.join(target_name(t) for t in self.targets)})"
+
+    def holds(self, binding):
+        from .ir import TensorMeta
+
+        return isinstance(self._values(binding)[0], (torch.Tensor, TensorMeta))
+
+    def to_egglog(self, scope, compiler):
+        ops = [(target_name(t), len(t._schema.arguments) if isinstance(t, torch._ops.OpOverload) else 2)
+               for t in self.targets]
+        return [f"({compiler.made_by(ops)} {scope.var(self.x.name)})"]
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Uniform(_OnOne):
+    """``x`` is known at compile time and all its elements equal one number (not one of ``excluded``)."""
+
+    excluded: tuple = ()
+
+    def __repr__(self):
+        but = f", not_in={list(self.excluded)!r}" if self.excluded else ""
+        return f"is_uniform({self._names()}{but})"
+
+    def holds(self, binding):
+        key = splat_key(self._values(binding)[0])
+        return key is not None and key not in {splat_key(v) for v in self.excluded}
+
+    def to_egglog(self, scope, compiler):
+        value = scope.var(f"_splat_{self.x.name}")
+        return ([f"(= {value} (splat {scope.var(self.x.name)}))"]
+                + [f'(!= {value} "{splat_key(v)}")' for v in self.excluded])
+
+    def hint(self, hints):
+        hints.setdefault(self.x.name, {}).setdefault("value", 0.5)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class IsConst(_OnOne):
+    """``x`` is a constant tensor: a frozen weight or a folded value (so terms over it fold)."""
+
+    def __repr__(self):
+        return f"is_const({self._names()})"
+
+    def holds(self, binding):
+        return isinstance(self._values(binding)[0], torch.Tensor)
+
+    def to_egglog(self, scope, compiler):
+        return [f"(= {scope.var(self.x.name)} (Const {scope.var(f'_const_{self.x.name}')}))"]
 
 
 def _var(v) -> Var:
@@ -480,6 +665,13 @@ def shape_is(x: Var, sizes) -> Condition:
     return ShapeIs(_var(x), sizes)
 
 
+def dims_agree(x: Var, i: int, y: Var, j: int) -> Condition:
+    """Dim ``i`` of ``x`` has the size of dim ``j`` of ``y`` (GEMM operands: ``dims_agree(x, 1, w, 0)``)."""
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in (i, j)):
+        raise RuleError(f"dims_agree({x!r}, i, {y!r}, j): i and j must be ints, got {i!r}, {j!r}")
+    return DimsAgree(_var(x), i, _var(y), j)
+
+
 def rank_is(x: Var, n: int) -> Condition:
     if not isinstance(n, int) or n < 0:
         raise RuleError(f"rank_is({x!r}, n): n must be a non-negative int, got {n!r}")
@@ -491,6 +683,43 @@ def value_is(c: Var, v) -> Condition:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RuleError(f"value_is({c!r}, v): v must be an int or float, got {v!r}")
     return ValueIs(_var(c), v)
+
+
+def on_device(x: Var, device: str) -> Condition:
+    """``x`` is a tensor on a ``device`` ("cpu", "cuda"...): a rule for kernels of one backend."""
+    if not isinstance(device, str) or not device.isidentifier():
+        raise RuleError(f"on_device({x!r}, device): device must be a device type such as 'cpu', got {device!r}")
+    return OnDevice(_var(x), device)
+
+
+def is_scalar(c: Var) -> Condition:
+    """``c`` is a Python number or a 0-dim tensor (it broadcasts into any shape unchanged)."""
+    return IsScalar(_var(c))
+
+
+def made_by(x: Var, *targets) -> Condition:
+    """``x`` is computed by a call of one of ``targets`` (``aten.addmm.default``, ``operator.getitem``)."""
+    targets = tuple(t.target if isinstance(t, _OpBuilder) else t for t in targets)
+    for t in targets:
+        if not (isinstance(t, torch._ops.OpOverload) or t is operator.getitem):
+            raise RuleError(f"made_by({x!r}, ...): targets are ATen overloads or operator.getitem, got {t!r}")
+        register_target(t)
+    if not targets:
+        raise RuleError(f"made_by({x!r}, ...) needs at least one target")
+    return MadeBy(_var(x), tuple(targets))
+
+
+def is_uniform(c: Var, not_in=()) -> Condition:
+    """``c`` is a compile-time scalar or constant whose elements all equal one number, none of ``not_in``."""
+    for v in not_in:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RuleError(f"is_uniform({c!r}, not_in): values must be ints or floats, got {v!r}")
+    return Uniform(_var(c), tuple(not_in))
+
+
+def is_const(w: Var) -> Condition:
+    """``w`` is a constant tensor (a frozen weight or a folded value): terms over it fold."""
+    return IsConst(_var(w))
 
 
 def _bound(v, binding):
@@ -548,6 +777,7 @@ class Rule:
     lhs: OpPattern
     rhs: Any  # Pattern, literal, or callable(**binding) -> value
     when: tuple = ()
+    exact: bool = True  # False: the replacement may round differently (checked within tolerance)
 
     def __post_init__(self):
         if not isinstance(self.lhs, OpPattern):
@@ -560,6 +790,12 @@ class Rule:
             if missing:
                 raise RuleError(f"rule {self.name}: the right side uses variables {sorted(missing)} "
                                 f"that the left side does not bind (left binds {sorted(lhs_vars)})")
+            left, right = members(self.lhs), members(self.rhs)
+            if left is not None and (right is None or len(right) != len(left)):
+                raise RuleError(f"rule {self.name}: a siblings(...) left side of {len(left)} members needs a "
+                                f"siblings(...) right side of {len(left)} members, got {self.rhs!r}")
+            if left is None and right is not None:
+                raise RuleError(f"rule {self.name}: siblings(...) on the right needs siblings(...) on the left")
         for c in self.when:
             if not isinstance(c, Condition):
                 raise RuleError(f"rule {self.name}: 'when' holds conditions such as is_float(x), got {c!r}")
@@ -598,7 +834,8 @@ class Rule:
         return out
 
     def conditions_hold(self, binding: dict) -> bool:
-        return all(c.holds(binding) for c in self.when)
+        """The conditions on concrete values; for an inexact rule also its domain (`in_domain`)."""
+        return all(c.holds(binding) for c in self.when) and (self.exact or in_domain(binding))
 
     def match(self, tree) -> dict | None:
         """Match ``lhs`` against a value tree of `Call` records (see `match`)."""
@@ -615,9 +852,13 @@ class Rule:
         if self.is_computed:
             raise RuleError(f"rule {self.name} has a computed replacement; it runs on the IR, not in egglog")
         scope = compiler.scope()
-        lhs = self.lhs.to_egglog(scope)
+        left = members(self.lhs)
+        lhs = [p.to_egglog(scope) for p in left] if left else self.lhs.to_egglog(scope)
         variables = [scope.var(v) for v in self.variables]
         conditions = [atom for c in self.when for atom in c.to_egglog(scope, compiler)]
+        if left:
+            rhs = [_egglog_term(p, scope, rhs=True) for p in members(self.rhs)]
+            return compiler.multi_rule(ruleset, self.name, scope, lhs, variables, conditions, rhs)
         rhs_is_var = isinstance(self.rhs, Var)
         rhs = scope.var(self.rhs.name) if rhs_is_var else _egglog_term(self.rhs, scope, rhs=True)
         return compiler.rule(ruleset, self.name, scope, lhs, variables, conditions, rhs, rhs_is_var)
@@ -626,14 +867,29 @@ class Rule:
         rhs = getattr(self.rhs, "__name__", "<computed>") if self.is_computed else _fmt(self.rhs)
         # the engine's guard on every rule (see the module docstring), listed with the conditions
         when = ", ".join([*map(repr, self.when), "keeps dtype+shape"])
-        return f"{self.name}: {self.lhs!r} -> {rhs} when {when}"
+        rounding = "" if self.exact else " (may round differently)"
+        return f"{self.name}: {self.lhs!r} -> {rhs} when {when}{rounding}"
 
 
-def rule(lhs: OpPattern, rhs, when: Iterable[Condition] = (), name: str | None = None) -> Rule:
-    """Declare ``lhs -> rhs`` (under conditions ``when``)."""
+def in_domain(binding: dict) -> bool:
+    """Where an inexact rule (``exact=False``) promises agreement within rounding: no tensor holds
+    an infinity or an element beyond the square root of its dtype's largest value (NaN is fine:
+    it propagates alike). Beyond that a sum or product may overflow on one side and not the other
+    (a scale applied before or after a GEMM, a GEMM summed in another order), and floating point
+    promises nothing."""
+    for v in binding.values():
+        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point and v.numel():
+            a = v.detach().double().abs().nan_to_num(nan=0.0, posinf=math.inf)
+            if float(a.max()) > math.sqrt(torch.finfo(v.dtype).max):
+                return False
+    return True
+
+
+def rule(lhs: OpPattern, rhs, when: Iterable[Condition] = (), name: str | None = None, exact: bool = True) -> Rule:
+    """Declare ``lhs -> rhs`` (under conditions ``when``; ``exact=False``: may round differently)."""
     if name is None:
         name = f"{getattr(lhs, 'name', 'rule')}#{zlib.crc32(repr(lhs).encode()) % 10_000:04d}"
-    return Rule(name, lhs, rhs, tuple(when))
+    return Rule(name, lhs, rhs, tuple(when), exact)
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from ..dsl import OpPattern, Rule, RuleSet, Var
 from ..ops import dtype_str, schema_types
-from .equivalence import compare_outputs, input_aliases
+from .equivalence import compare_outputs as compare_results, input_aliases
 from .strategies import (
     ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, MAX_RANK, draw_dim, permutations_of, reshapes, shapes, tensors,
 )
@@ -106,6 +106,12 @@ class _Instantiator:
             shape = self._broadcastable_to(tuple(like.shape))
         else:
             shape = tuple(draw(shapes(max_rank=MAX_RANK)))
+        for dim, other, other_dim in h.get("dims_from", ()):  # dsl.dims_agree: a size taken from a bound tensor
+            source = self.binding.get(other)
+            if isinstance(source, torch.Tensor) and -len(shape) <= dim < len(shape) \
+                    and -source.dim() <= other_dim < source.dim():
+                i = dim % len(shape)
+                shape = shape[:i] + (source.shape[other_dim],) + shape[i + 1:]
         if value is not None and draw(st.integers(0, 2)):
             t = torch.full(shape, value, dtype=torch.float64).to(dtype)
         else:
@@ -328,7 +334,10 @@ def check_rule(rule, examples: int = 100, dtypes: Sequence[torch.dtype] = ALL_DT
     concrete values (``rule.conditions_hold``), and the right side (a pattern, or a computed
     replacement) is evaluated on the same binding. Where the replacement's dtype or shape differs
     from the left side's, the engine's guard would refuse it: counted, not compared. Everything
-    else must agree bit for bit: NaN where NaN, the sign of every zero, every integer. A
+    else must agree bit for bit: NaN where NaN, the sign of every zero, every integer; a rule
+    declared ``exact=False`` (it may round differently: a fused kernel, a folded scale) within
+    the dtype's tolerance instead, on the instances of its domain (`rewrite.dsl.in_domain`: no
+    infinities or values large enough to overflow on one side only). A
     replacement that raises where the left side ran (e.g. a view of a non-viewable layout) is a
     counterexample too. The error message prints the rule, the variables and both results.
 
@@ -342,6 +351,9 @@ def check_rule(rule, examples: int = 100, dtypes: Sequence[torch.dtype] = ALL_DT
         raise ValueError(f"check_rule: examples must be >= 1, got {examples}")
     report = RuleCheckReport(rule.name)
     min_valid = max(3, examples // 10) if min_valid is None else min_valid
+
+    def compare_outputs(expected, actual, exact):  # a rule declared exact=False: within tolerance
+        return compare_results(expected, actual, exact=exact and rule.exact)
     failures: list[str] = []
 
     # Hypothesis seeds its derandomized draws from run's source, decorators included: an edit to
