@@ -50,7 +50,7 @@ class Engine:
         self.egraph.run_program(*self.egraph.parse_program(PRELUDE))
         self.egraph.run_program(*self.egraph.parse_program(LOAD_PRELUDE))
         compiler = RuleCompiler(self.tables)
-        self.schedule, bodies = [], []
+        self.schedule, bodies = [("facts", 1)], []  # facts first: which ops compute which e-classes
         for rs in rulesets:
             if not rs.pattern_rules:
                 continue

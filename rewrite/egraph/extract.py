@@ -7,14 +7,25 @@ children of one e-node count once (``x + x`` pays for ``x`` once), which keeps c
 graph size and close to the real DAG cost.
 
 The selection is Knuth's generalisation of Dijkstra: an e-node becomes a candidate only when every
-child e-class already has its choice, so the chosen e-nodes always form a DAG. The optimizer then
-compares the rebuilt graph's exact DAG cost with the input's and keeps the cheaper.
+child e-class already has its choice, so the chosen e-nodes always form a DAG. Sharing makes costs
+non-monotone (three GEMMs merged into one are each charged a third of it, less than the merged
+GEMM itself, which Dijkstra only finalizes after the cheaper originals), so improvement passes
+follow: in children-first order, an e-class switches to a cheaper e-node when no chosen path leads
+from that e-node's children back to it (a search pruned by the topological index of the current
+choice). The optimizer then compares the rebuilt graph's exact DAG cost with the input's and keeps
+the cheaper.
+
+Compile-time terms cost nothing: an e-class whose choice is a constant, a literal, or a call whose
+children are all compile-time and that folding evaluates (`rewrite.cost.folds_at_compile_time`) is
+computed once by the folding pass after extraction. That is how a rule builds new weights (a
+concatenated QKV weight, a scale folded into a weight) that extraction can weigh at their run-time
+price: none.
 """
 from __future__ import annotations
 
 import heapq
 
-from ..cost import OP_OVERHEAD_S, op_cost
+from ..cost import dispatch_overhead, folds_at_compile_time, numel, op_cost
 from ..ops import target_from_name
 from .decode import Decoder
 from .snapshot import Snapshot
@@ -43,40 +54,60 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
                 share[c] = share.get(c, 0) + 1
     waiting = {key: len(ch) for key, ch in kids.items()}
     best: dict[str, tuple[float, int]] = {}
+    known: dict = {}  # e-class computed at compile time -> its elements if it comes from frozen weights, else 0
     own_cache: dict = {}
     heap: list = []
     counter = 0
+    pinned_cost = dispatch_overhead()
 
-    def own(cls: str, i: int) -> float:
+    def own(cls: str, i: int) -> tuple[float, int | None]:
+        """(run-time cost, None or the weight elements it holds when computed at compile time)."""
         node = classes[cls][i]
+        children = kids[(cls, i)]
+        folds = all(c in known for c in children)
+        weights = sum(known[c] for c in children) if folds else 0
         if is_call(node.op):
             op_name, arg_classes, _ = dec.call_parts(node)
             out_key = snap.meta_key(cls)
             in_keys = tuple(snap.meta_key(c) for c in arg_classes)
-            key = (op_name, out_key, in_keys)
+            key = (op_name, out_key, in_keys, folds, weights)
             if key not in own_cache:
                 metas = tables.metas
-                own_cache[key] = op_cost(target_from_name(op_name), metas.get(out_key),
-                                         [metas.get(k) for k in in_keys if k is not None])
+                target, out = target_from_name(op_name), metas.get(out_key)
+                if folds and folds_at_compile_time(target, out, weights):
+                    own_cache[key] = (0.0, numel(out) if weights else 0)
+                else:
+                    own_cache[key] = (op_cost(target, out, [metas.get(k) for k in in_keys if k is not None]), None)
             return own_cache[key]
         if node.op == "Pinned":
-            return OP_OVERHEAD_S  # always kept: its cost is the same in every choice
-        return 0.0
+            return pinned_cost, None  # always kept: its cost is the same in every choice
+        if node.op in ("Input", "Opaque"):
+            return 0.0, None
+        if node.op == "Const":
+            index = int(snap.string(node.children[0]))
+            return 0.0, numel(snap_meta(cls)) if index in tables.weights else 0
+        return 0.0, weights if folds else None  # literals, and lists of compile-time values
+
+    def snap_meta(cls: str):
+        return tables.metas.get(snap.meta_key(cls))
 
     def push(cls: str, i: int) -> None:
         nonlocal counter
-        cost = own(cls, i) + sum(best[c][0] / share[c] for c in kids[(cls, i)])
+        cost, folds = own(cls, i)
+        cost += sum(best[c][0] / share[c] for c in kids[(cls, i)])
         counter += 1
-        heapq.heappush(heap, (cost, counter, cls, i))
+        heapq.heappush(heap, (cost, counter, cls, i, folds))
 
     for key, n in waiting.items():
         if n == 0:
             push(*key)
     while heap:
-        cost, _, cls, i = heapq.heappop(heap)
+        cost, _, cls, i, folds = heapq.heappop(heap)
         if cls in best:
             continue
         best[cls] = (cost, i)
+        if folds is not None:
+            known[cls] = folds
         for parent in readers.get(cls, ()):
             waiting[parent] -= 1
             if waiting[parent] == 0 and parent[0] not in best:
@@ -84,4 +115,82 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     missing = [r for r in roots if r not in best and r in classes]
     if missing:
         raise ExtractionError(f"no acyclic term for e-classes {missing[:5]}")
-    return {cls: classes[cls][i] for cls, (_, i) in best.items()}
+    choice = {cls: i for cls, (_, i) in best.items()}
+    _improve(choice, {cls: len(nodes) for cls, nodes in classes.items()}, kids, share, own, known)
+    return {cls: classes[cls][i] for cls, i in choice.items()}
+
+
+IMPROVEMENT_PASSES = 4
+MAX_REORDERS = 256  # topological re-sorts per extraction (one after each switch that needs a cycle check)
+
+
+def _topological(choice: dict, kids: dict) -> dict:
+    """Index of every chosen e-class in a children-first order of the current choice."""
+    index: dict = {}
+    for root in choice:
+        if root in index:
+            continue
+        stack = [(root, False)]
+        while stack:
+            cls, done = stack.pop()
+            if cls in index:
+                continue
+            if done:
+                index[cls] = len(index)
+                continue
+            stack.append((cls, True))
+            stack.extend((c, False) for c in kids[(cls, choice[cls])] if c not in index)
+    return index
+
+
+def _reaches(starts, target, choice: dict, kids: dict, index: dict) -> bool:
+    """Whether a chosen path leads from ``starts`` to ``target``; every class on such a path comes
+    after ``target`` in the children-first ``index``, which prunes the search to a small region."""
+    bound = index[target]
+    stack, seen = [c for c in starts if index[c] >= bound], set()
+    while stack:
+        cls = stack.pop()
+        if cls == target:
+            return True
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(c for c in kids[(cls, choice[cls])] if index[c] >= bound)
+    return False
+
+
+def _improve(choice: dict, sizes: dict, kids: dict, share: dict, own, known: dict) -> None:
+    """Switch e-classes to cheaper e-nodes Dijkstra's order could not see (see the module doc)."""
+    reorders = 0
+    for _ in range(IMPROVEMENT_PASSES):
+        index = _topological(choice, kids)
+        order = sorted(index, key=index.__getitem__)
+        cost: dict = {}
+        for cls in order:
+            cost[cls] = own(cls, choice[cls])[0] + sum(cost[c] / share[c] for c in kids[(cls, choice[cls])])
+        switched = stale = False
+        for cls in order:
+            current = cost[cls]
+            for i in range(sizes[cls]):
+                children = kids[(cls, i)]
+                if i == choice[cls] or any(c not in cost for c in children):
+                    continue
+                own_cost, folds = own(cls, i)
+                candidate = own_cost + sum(cost[c] / share[c] for c in children)
+                if candidate >= current * (1 - 1e-9) - 1e-15:
+                    continue
+                if stale:
+                    if reorders >= MAX_REORDERS:
+                        return
+                    index, stale, reorders = _topological(choice, kids), False, reorders + 1
+                if _reaches(children, cls, choice, kids, index):
+                    continue
+                choice[cls], current, switched, stale = i, candidate, True, True
+                if folds is not None:
+                    known[cls] = folds
+                else:
+                    known.pop(cls, None)
+            cost[cls] = current
+        if not switched:
+            return
+

@@ -22,6 +22,7 @@ import tempfile
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..cost import is_weight
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect
 from ..ops import (OpError, canonical_call, constant_key, dtype_str, is_mutable, is_nondeterministic,
                    register_target, shape_key, splat_key)
@@ -44,8 +45,9 @@ LOAD_PRELUDE = "\n".join([
     "(ruleset load)",
     "(relation RowInput (i64 i64))", "(rule ((RowInput r i)) ((union (Ref r) (Input i))) :ruleset load)",
     "(relation RowConst (i64 i64))", "(rule ((RowConst r i)) ((union (Ref r) (Const i))) :ruleset load)",
-    "(relation RowInt (i64 i64))", "(rule ((RowInt r v)) ((union (Ref r) (Int v))) :ruleset load)",
-    "(relation RowFlt (i64 String))", "(rule ((RowFlt r v)) ((union (Ref r) (Flt v))) :ruleset load)",
+    "(relation RowInt (i64 i64))", "(rule ((RowInt r v)) ((union (Ref r) (Int v)) (Scalar (Ref r))) :ruleset load)",
+    "(relation RowFlt (i64 String))", "(rule ((RowFlt r v)) ((union (Ref r) (Flt v)) (Scalar (Ref r))) :ruleset load)",
+    "(relation RowScalar (i64))", "(rule ((RowScalar r)) ((Scalar (Ref r))) :ruleset load)",
     "(relation RowAtom (i64 String))", "(rule ((RowAtom r v)) ((union (Ref r) (Atom v))) :ruleset load)",
     "(relation RowOpaque (i64 i64))", "(rule ((RowOpaque r v)) ((union (Ref r) (Opaque v))) :ruleset load)",
     "(relation RowNil (i64))", "(rule ((RowNil l)) ((union (LRef l) (Nil))) :ruleset load)",
@@ -58,8 +60,10 @@ LOAD_PRELUDE = "\n".join([
     "(relation RowMeta (i64 String))", "(rule ((RowMeta r m)) ((set (meta (Ref r)) m)) :ruleset load)",
     "(relation RowSplat (i64 String))", "(rule ((RowSplat r v)) ((set (splat (Ref r)) v)) :ruleset load)",
     "(relation RowSizes (i64 String))", "(rule ((RowSizes r v)) ((set (sizes (Ref r)) v)) :ruleset load)",
-    "(relation RowDesc (String String i64))", "(rule ((RowDesc m d n)) ((set (dtype m) d) (set (rank m) n)) :ruleset load)",
+    "(relation RowDesc (String String i64 String))",
+    "(rule ((RowDesc m d n dev)) ((set (dtype m) d) (set (rank m) n) (set (device m) dev)) :ruleset load)",
     "(relation RowShape (String String))", "(rule ((RowShape m sh)) ((set (shape m) sh)) :ruleset load)",
+    "(relation RowDim (String i64 String))", "(rule ((RowDim m i d)) ((set (dim m i) d)) :ruleset load)",
 ] + [line for k in range(MAX_CALL_ARITY + 1) for line in _call_row(k)])
 
 
@@ -123,6 +127,7 @@ class Loader:
             if -(2 ** 63) <= value < 2 ** 63:
                 self.row("RowInt", r, value)
                 self.row("RowSplat", r, splat_key(value))
+
             else:
                 self.row("RowAtom", r, t.atom_key(value))
         elif isinstance(value, float):
@@ -130,6 +135,7 @@ class Loader:
             s = splat_key(value)
             if s is not None:
                 self.row("RowSplat", r, s)
+
         elif isinstance(value, (list, tuple)):
             self.row("RowLst" if isinstance(value, list) else "RowTup", r, self.list_ref([self.ref(v) for v in value]))
             sizes = _sizes(value)
@@ -185,11 +191,16 @@ class Loader:
             idx = len(self.tables.constants)
             self.tables.constants.append(value)
             self._const_index[key] = idx
+        if is_weight(node):
+            self.tables.weights.add(idx)
+        if value.dim() == 0:
+            self.row("RowScalar", k)
         self.row("RowConst", k, idx)
         if value.numel() <= SPLAT_SIZE_LIMIT:
             s = tensor_splat(value)
             if s is not None:
                 self.row("RowSplat", k, s)
+
 
     def call_rows(self, k: int, node: Node) -> bool:
         """Rows of an unpinned call; False if an argument has no term form (the node is pinned)."""
@@ -226,9 +237,11 @@ class Loader:
         if isinstance(meta, TensorMeta) and key not in self.tables.described:
             self.tables.described.add(key)
             skey = shape_key(meta.shape)
-            self.row("RowDesc", key, dtype_str(meta.dtype), len(meta.shape))
+            self.row("RowDesc", key, dtype_str(meta.dtype), len(meta.shape), meta.device.type)
             if _safe(skey):
                 self.row("RowShape", key, skey)
+                for i, size in enumerate(_dims(meta)):
+                    self.row("RowDim", key, i, size)
 
     # -- into egglog --------------------------------------------------------------------------
     def send(self, egraph) -> None:
@@ -240,7 +253,7 @@ class Loader:
                 _write_private(path, "\n".join(lines) + "\n")
                 cmds.append(f'(input {relation} "{path}")')
             egraph.run_program(*egraph.parse_program("".join(cmds)))
-            egraph.run_program(*egraph.parse_program("(run-schedule (run load))"))
+            egraph.run_program(*egraph.parse_program("(run-schedule (run load) (run facts))"))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -295,6 +308,11 @@ def _sizes(value) -> str | None:
     return key if _safe(key) else None
 
 
+def _dims(meta: TensorMeta) -> list[str]:
+    """Each size of a shape as the string `shape_key` spells it (the ``dim`` analysis)."""
+    return [shape_key([d])[1:-1] for d in meta.shape]
+
+
 def _safe(text: str) -> bool:
     return len(text) < 200 and not any(ch in text for ch in '"\t\n\\')
 
@@ -317,8 +335,10 @@ def meta_commands(tables: Tables, handle: str, meta) -> list[str]:
         skey = shape_key(meta.shape)
         cmds.append(f'(set (dtype "{key}") "{dtype_str(meta.dtype)}")')
         cmds.append(f'(set (rank "{key}") {len(meta.shape)})')
+        cmds.append(f'(set (device "{key}") "{meta.device.type}")')
         if _safe(skey):
             cmds.append(f'(set (shape "{key}") "{skey}")')
+            cmds.extend(f'(set (dim "{key}" {i}) "{size}")' for i, size in enumerate(_dims(meta)))
     return cmds
 
 

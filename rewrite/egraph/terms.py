@@ -16,9 +16,12 @@ size or a list alike::
 Analyses keyed by e-class (set from Python, so conditions are checked inside the e-graph):
 ``meta`` (the full TensorMeta/SymMeta, as a key into `Tables.metas`), ``sizes`` (a list argument
 read as a shape), ``splat`` (a constant whose elements all equal one number). ``dtype``, ``shape``
-(the canonical sympy shape string) and ``rank`` are keyed by the meta key, so they are set once
+(the canonical sympy shape string), ``rank``, ``device`` (its type: "cpu", "cuda") and ``dim`` (one size,
+by index, as a sympy string) are keyed by the meta key, so they are set once
 per distinct meta rather than once per node (each egglog command costs ~0.1 ms): a condition
-reads ``(dtype (meta x))``. ``node`` names the e-class of IR node #k; ``Pending`` holds
+reads ``(dtype (meta x))``. ``Scalar`` holds Python numbers and 0-dim constants; the ``facts``
+ruleset (run after loading and at the start of every round) fills the relations of ``made_by``
+conditions (which ops compute an e-class). ``node`` names the e-class of IR node #k; ``Pending`` holds
 (matched, replacement) pairs whose replacement metas Python infers; each op-replacement rule's
 accept rule (in the ``accept`` ruleset) unions its pairs once their metas are known and equal.
 """
@@ -65,10 +68,14 @@ PRELUDE = """
 (function dtype (String) String :merge old)
 (function shape (String) String :merge old)
 (function rank (String) i64 :merge old)
+(function device (String) String :merge old)
+(function dim (String i64) String :merge old)
 (function sizes (Term) String :merge old)
 (function splat (Term) String :merge old)
 (relation Pending (Term Term))
+(relation Scalar (Term))
 (ruleset accept)
+(ruleset facts)
 """
 
 # Term constructors other than calls (what the node limit counts, with the calls).
@@ -96,7 +103,7 @@ def call_term(op_name: str, items: list[str], stream: str) -> str:
 
 
 # Functions of the prelude that are analyses, not term constructors (extraction ignores them).
-ANALYSES = frozenset({"Ref", "LRef", "meta", "dtype", "shape", "rank", "sizes", "splat", "Pending"})
+ANALYSES = frozenset({"Ref", "LRef", "meta", "dtype", "shape", "rank", "device", "dim", "sizes", "splat", "Pending"})
 
 _SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-[](),+*/ @#<>=")
 
@@ -114,6 +121,7 @@ class Tables:
         self._opaque_ids: dict[int, int] = {}
         self.metas: dict[str, object] = {}          # meta key -> TensorMeta / SymMeta / tuple
         self.constants: list[object] = []           # Const index -> value (tensor or scalar)
+        self.weights: set[int] = set()              # Const indices holding frozen weights (or values folded from them)
         self.streams: dict[str, object] = {}        # stream string -> original tag
         self.described: set[str] = set()            # meta keys whose dtype/shape/rank are set
         self._meta_texts: dict = {}
