@@ -5,7 +5,11 @@ nothing changes, so ``sym_size -> mul -> view`` chains on static shapes collapse
 Folding evaluates the op with torch itself, so the constant is bit-identical to what eager computes.
 Never folded: nondeterministic ops (rand, dropout, empty: their values are not reproducible),
 ops with mutable schemas, side effects, nodes that wait on others, and results over
-``size_limit`` elements (a folded 1 GB constant would cost more than it saves).
+``size_limit`` elements (a folded 1 GB constant would cost more than it saves) unless they are no
+larger than the frozen weights they read together: a transposed, scaled or concatenated weight
+takes the place of the weights it was computed from (and is marked as coming from weights). The cost model (`rewrite.cost.folds_at_compile_time`)
+counts exactly these as free, so extraction may build them. A folded view becomes a dense copy:
+a GEMM reads a transposed weight faster once it is stored transposed.
 """
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import logging
 import sympy
 import torch
 
+from ..cost import foldable_target, folds_at_compile_time, is_weight, numel
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value
-from ..ops import is_mutable, is_nondeterministic, is_overload
+from ..ops import is_overload
 
 log = logging.getLogger("rewrite")
 
@@ -27,26 +32,9 @@ def can_fold(node: Node) -> bool:
     if node.kind != "call" or is_side_effect(node) or node.waits:
         return False
     t = node.target
-    if isinstance(t, torch._ops.HigherOrderOperator) or is_mutable(t) or is_nondeterministic(t):
+    if isinstance(t, torch._ops.HigherOrderOperator) or (is_overload(t) and not foldable_target(t)):
         return False
-    if is_overload(t):  # empty* leaves its contents unspecified: not reproducible either
-        name = t._schema.name
-        if "empty" in name or name.startswith("aten::_local_scalar") or t.namespace not in ("aten", "prims"):
-            return False
     return next(iter_instances(node.args, Graph), None) is None
-
-
-def _result_fits(meta, size_limit: int) -> bool:
-    if isinstance(meta, SymMeta):
-        return True
-    if isinstance(meta, TensorMeta):
-        if not meta.is_static():
-            return False
-        n = 1
-        for s in meta.shape:
-            n *= int(s)
-        return n <= size_limit
-    return False
 
 
 def fold_constants(graph: Graph, size_limit: int) -> int:
@@ -64,9 +52,11 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
             node.args = map_nodes(node.args, swap)
             node.kwargs = map_nodes(node.kwargs, swap)
         const = None
-        if (node.kind == "call" and all(i.kind == "constant" for i in node.inputs) and node.id not in waited
-                and can_fold(node) and _result_fits(node.meta, size_limit)):
-            const = _evaluate(node)
+        if node.kind == "call" and node.id not in waited:
+            inputs = node.inputs
+            if (all(i.kind == "constant" for i in inputs) and can_fold(node)
+                    and _fits(node, sum(numel(i.meta) for i in inputs if is_weight(i)), size_limit)):
+                const = _evaluate(node)
         if const is None:
             kept.append(node)
             continue
@@ -75,6 +65,13 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
         kept.append(const)
     graph.nodes = kept
     return len(replaced)
+
+
+def _fits(node: Node, weight_numel: int, size_limit: int) -> bool:
+    """Whether the folded result may be kept (size functions such as ``operator.mul`` always)."""
+    if not is_overload(node.target):
+        return isinstance(node.meta, SymMeta)
+    return folds_at_compile_time(node.target, node.meta, weight_numel, size_limit)
 
 
 def _evaluate(node: Node) -> Node | None:
@@ -92,7 +89,9 @@ def _evaluate(node: Node) -> Node | None:
             return None
         if any(result.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
                for v in value_of.values() if isinstance(v, torch.Tensor) and v.numel()):
-            result = result.clone()  # a folded view must not alias another constant
+            result = result.clone(memory_format=torch.contiguous_format)  # a dense copy, aliasing nothing
+        elif not result.is_contiguous():
+            result = result.contiguous()
         meta = node.meta
     elif isinstance(result, (int, float, bool)) and not isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         meta = meta_of_value(result)
@@ -104,6 +103,8 @@ def _evaluate(node: Node) -> Node | None:
     sources = {i.attrs.get("weight_name") or i.attrs.get("derived_from") for i in node.inputs} - {None}
     if len(sources) == 1:
         attrs["derived_from"] = sources.pop()
+    if any(is_weight(i) for i in node.inputs):
+        attrs["from_weights"] = True
     return Node("constant", meta=meta, attrs=attrs, name=node.name)
 
 
