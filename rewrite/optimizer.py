@@ -21,12 +21,13 @@ from typing import Callable
 
 from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
+from .cost import graph_cost
 from .egraph import Limits, run_egraph
 from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
 from .passes import apply_computed_rules, dedup_constants, eliminate_dead_edges, fold_constants, fold_sizes
 from .report import GraphReport
-from .rules import check_user_rulesets, rulesets_of
+from .rules import check_user_rulesets, left_out, rulesets_of, without
 
 log = logging.getLogger("rewrite")
 
@@ -89,15 +90,19 @@ SCHEDULE = Schedule(
         Pass("prune", "prune", _counted("prune", Graph.prune),
              "only what reaches an output or has a side effect survives"),
     ), max_sweeps=16),
-    saturation=Saturation(rule_modules=("shape_ops", "algebra")),  # shape ops first: they expose algebra matches
+    # shape ops first: they expose algebra matches; GEMM rules and fused kernels see the cleaned graph
+    saturation=Saturation(rule_modules=("shape_ops", "algebra", "gemm", "fused")),
     rounds=4,
 )
 
 
 def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph:
+    """The schedule on a copy of ``graph``; records the predicted cost before and after in ``report``."""
     if not config.rules.enabled:
         return graph
-    rulesets = rulesets_of(SCHEDULE.saturation.rule_modules) + check_user_rulesets(config.rules.extra)
+    rulesets = without(rulesets_of(SCHEDULE.saturation.rule_modules) + check_user_rulesets(config.rules.extra),
+                       config.rules.disabled)
+    report.predicted_cost = (graph_cost(graph), None)
     original, graph = graph, graph.copy()
     _optimize_subgraphs(graph, config, report)
     rewritten = False
@@ -114,6 +119,7 @@ def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph
         views_as_reshapes(graph)
     # x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice.
     report.count("fresh_outputs", keep_outputs_fresh(original, graph))
+    report.predicted_cost = (report.predicted_cost[0], graph_cost(graph))
     return graph
 
 
@@ -190,4 +196,10 @@ def describe_schedule(extra=()) -> str:
             head += f"  - {rs.description}"
         lines.append(head)
         lines += [f"       {r!r}" for r in rs.rules]
+    missing = left_out(sat.rule_modules)
+    if missing:
+        lines += ["", "   Left out in this build (the kernel or its shape function is missing):"]
+        lines += [f"     {why}" for why in missing]
+    lines += ["", "   Switch a rule, a ruleset or a whole family (the ruleset name up to its first dot) off by name: "
+              "config.rules.disabled = [...]."]
     return "\n".join(lines)

@@ -23,6 +23,8 @@ class GraphReport:
     # gear (tuple of symbol values) -> op counts of that gear's static graph
     gears: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)
+    # (before, after) predicted seconds of the graph by the calibrated cost model (rewrite.cost)
+    predicted_cost: tuple | None = None
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -47,6 +49,10 @@ class GraphReport:
                 b, a = self.ops_before.get(n, 0), self.ops_after.get(n, 0)
                 mark = "" if a == b else "  *"
                 lines.append(f"  {n:<{width}}  {b:>6}  {a:>5}{mark}")
+        if self.predicted_cost and self.predicted_cost[1] is not None:
+            before, after = self.predicted_cost
+            ratio = f" ({after / before:.2f}x)" if before else ""
+            lines.append(f"  predicted cost: {before * 1e6:.1f} us -> {after * 1e6:.1f} us{ratio}")
         if self.applied:
             lines.append("  applied: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.applied.items())))
         if self.gears:

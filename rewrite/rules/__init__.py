@@ -1,19 +1,27 @@
 """The rule library: DSL rulesets, one module per family.
 
-* ``shape_ops`` - view/reshape/permute/expand/slice/cat/cast identities
-* ``algebra``   - algebraic identities
+* ``shape_ops`` - view/reshape/permute/expand/slice/cat/cast identities, copies of fresh values (family ``shape``)
+* ``algebra``   - algebraic identities (family ``algebra``)
+* ``gemm``      - GEMMs with frozen weights: parallel ones merged, scales and batch norms folded (family ``gemm``)
+* ``fused``     - fused ATen kernels as alternatives: tanh GELU, oneDNN linear with post-ops (family ``fused``)
 
-A rule module contributes ``RULESETS: list[RuleSet]``. Which rulesets run, in which order and how
-often is `rewrite.optimizer.SCHEDULE`; hand-written passes (folding, dedup, dead edges) live in
-`rewrite.passes`. Users add rulesets through ``CompilerConfig().rules.extra``.
+A rule module contributes ``RULESETS: list[RuleSet]``. A ruleset's name is ``family.name``. Which
+rulesets run, in which order and how often is `rewrite.optimizer.SCHEDULE`; hand-written passes
+(folding, dedup, dead edges) live in `rewrite.passes`. Users add rulesets through
+``CompilerConfig().rules.extra`` and switch rules off by name (a rule, a ruleset or a whole family)
+through ``CompilerConfig().rules.disabled`` (`without`).
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
+import threading
 
+from ..config import ConfigError
 from ..dsl import RuleSet
 
-__all__ = ["default_rulesets", "check_user_rulesets", "rulesets_of"]
+__all__ = ["default_rulesets", "check_user_rulesets", "rulesets_of", "without", "family_of", "left_out"]
 
 
 def rulesets_of(module_names) -> list[RuleSet]:
@@ -22,6 +30,11 @@ def rulesets_of(module_names) -> list[RuleSet]:
     for name in module_names:
         out.extend(importlib.import_module(f"{__name__}.{name}").RULESETS)
     return out
+
+
+def left_out(module_names) -> list[str]:
+    """Rules the named modules leave out in this build, with why (a fused kernel it lacks)."""
+    return [why for name in module_names for why in getattr(importlib.import_module(f"{__name__}.{name}"), "LEFT_OUT", [])]
 
 
 def default_rulesets() -> list[RuleSet]:
@@ -41,3 +54,49 @@ def check_user_rulesets(extra) -> list[RuleSet]:
             raise ValueError(f"config.rules.extra[{i}]: ruleset name {rs.name!r} is already used; pick another name")
         taken.add(rs.name)
     return list(extra)
+
+
+def family_of(ruleset_name: str) -> str:
+    """A ruleset's family: its name up to the first dot (``gemm.merge_parallel`` -> ``gemm``)."""
+    return ruleset_name.split(".", 1)[0]
+
+
+_derived: dict = {}  # (id of the ruleset, names removed) -> (the ruleset, the copy without them)
+_derived_lock = threading.Lock()
+
+
+def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
+    """``rulesets`` minus what ``disabled`` names: rule names, ruleset names or families.
+
+    Raises ConfigError for a name that is none of these, listing the families and rulesets (and
+    rule names close to it). The same rulesets and names give the same objects back, so the
+    e-graph engine compiled for them is reused.
+    """
+    disabled = set(disabled)
+    if not disabled:
+        return list(rulesets)
+    families = {family_of(rs.name) for rs in rulesets}
+    names = {rs.name for rs in rulesets}
+    rules = {r.name for rs in rulesets for r in rs.rules}
+    unknown = sorted(disabled - families - names - rules)
+    if unknown:
+        close = sorted({m for n in unknown for m in difflib.get_close_matches(n, rules | names | families, n=3)})
+        raise ConfigError(
+            f"config.rules.disabled names {unknown}, which are no rule family, ruleset or rule; families: "
+            f"{sorted(families)}; rulesets: {sorted(names)}; rules: the {len(rules)} names `python -m rewrite rules` "
+            f"lists" + (f" (close: {close})" if close else ""))
+    out = []
+    for rs in rulesets:
+        if rs.name in disabled or family_of(rs.name) in disabled:
+            continue
+        removed = frozenset(r.name for r in rs.rules if r.name in disabled)
+        if not removed:
+            out.append(rs)
+            continue
+        key = (id(rs), removed)
+        with _derived_lock:
+            entry = _derived.get(key)
+            if entry is None or entry[0] is not rs:
+                entry = _derived[key] = (rs, dataclasses.replace(rs, rules=[r for r in rs.rules if r.name not in removed]))
+        out.append(entry[1])
+    return out

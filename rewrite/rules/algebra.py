@@ -18,18 +18,20 @@ Rules deliberately left out (each fails check_rule): ``sqrt(x)*sqrt(x) -> x`` an
 ``reciprocal(reciprocal(x)) -> x`` (rounding), ``pow(x, 0.5) -> sqrt(x)`` (pow(-0.0, 0.5) is
 +0.0, sqrt(-0.0) is -0.0; pow(-inf, 0.5) is inf), ``exp(log(x)) -> x`` (domain),
 ``abs(relu(x)) -> relu(x)`` (relu(-0.0) is -0.0), ``-(x - y) -> y - x`` for floats (x == y gives
--0.0 against +0.0), reassociation of float sums.
+-0.0 against +0.0), reassociation of float sums, ``(x + 0.0) + c -> x + c`` for every c (c = -0.0
+keeps x = -0.0 negative on the right only), ``(x + 0.0) + 0.0 -> x`` (the -0.0 case again).
 """
 from __future__ import annotations
 
 import torch
 
-from ..dsl import RuleSet, aten, dtype_is, is_bool, is_float, is_integer, rule, same_dtype, value_is, variables
+from ..dsl import (RuleSet, aten, dtype_is, is_bool, is_float, is_integer, is_uniform, rule, same_dtype, value_is,
+                   variables)
 from ..ops import ALL_DTYPES, FLOATS, INTS, SIGNED_INTS
 
-__all__ = ["IDENTITIES", "NEGATION", "IDEMPOTENCE", "COMMUTATIVITY", "RULESETS"]
+__all__ = ["IDENTITIES", "IDENTITY_CHAINS", "NEGATION", "IDEMPOTENCE", "COMMUTATIVITY", "RULESETS"]
 
-x, y, c, m = variables("x y c m")
+x, y, c, m, z = variables("x y c m z")
 
 NUMBERS = FLOATS + INTS
 
@@ -66,6 +68,14 @@ IDENTITIES = RuleSet("algebra.identities", [
     rule(aten.pow.Tensor_Scalar(x, c),  aten.ones_like.default(x), when=[numeric(x), value_is(c, 0)],   name="pow_zero"),
     rule(aten.pow.Tensor_Scalar(x, c),  aten.reciprocal.default(x), when=[is_float(x), value_is(c, -1)], name="pow_minus_one"),
 ], description="x*1, x+0 (integers) / x+(-0.0) (floats), x-0, x/1, x*-1, x**k for k in {0,1,2,-1}")
+
+# A float ``x + 0.0`` cannot be dropped (it turns -0.0 into +0.0), but it is exact otherwise, so
+# the next add absorbs it: (x + 0.0) + c equals x + c unless c is -0.0 (then x + c keeps x = -0.0
+# as -0.0). A chain of +0.0 thus ends as one x + 0.0 (the c = 0.0 case).
+IDENTITY_CHAINS = RuleSet("algebra.identity_chains", [
+    rule(aten.add.Tensor(aten.add.Tensor(x, z), c), aten.add.Tensor(x, c),
+         when=[is_float(x), value_is(z, 0.0), is_uniform(c, not_in=[-0.0])], name="add_zero_then_add"),
+], description="(x + 0.0) + c -> x + c (c a number, not -0.0): a chain of +0.0 ends as one x + 0.0")
 
 # Negations cancel or move into a cheaper op. All exact in IEEE arithmetic and in wrap-around
 # integer arithmetic, but only when both operands have one dtype: with int8 y and float x,
@@ -110,4 +120,4 @@ COMMUTATIVITY = RuleSet("algebra.commutativity", [
     rule(aten.mul.Tensor(x, y), aten.mul.Tensor(y, x), when=[tensor(x), same_dtype(x, y)], name="mul_commute"),
 ], iterations=1, description="x+y = y+x and x*y = y*x (exact in IEEE arithmetic)")
 
-RULESETS = [IDENTITIES, NEGATION, IDEMPOTENCE, COMMUTATIVITY]
+RULESETS = [IDENTITIES, IDENTITY_CHAINS, NEGATION, IDEMPOTENCE, COMMUTATIVITY]

@@ -24,13 +24,14 @@ would copy it with the same strides.
 from __future__ import annotations
 
 import itertools
+import operator
 
 import torch
 
-from ..dsl import RuleSet, aten, dtype_is, rule, shape_is, variables
+from ..dsl import RuleSet, aten, dtype_is, made_by, rule, shape_is, variables
 from ..ops import ALL_DTYPES as ALL
 
-__all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "RULESETS"]
+__all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "FRESH_COPIES", "POINTWISE_RESHAPES", "RULESETS"]
 
 x, s, a, b, d, e, m, dt = variables("x s a b d e m dt")
 
@@ -159,4 +160,33 @@ FRESH_CLONES = RuleSet("shape.fresh_clones", [
     for name, overload in _BINARY_COMPUTE
 ], description="clone (preserve format) of a freshly computed elementwise result is dropped")
 
-RULESETS = [NOOPS, VIEW_CHAINS, PERMUTES, CASTS, FRESH_CLONES]
+# -- copies of what a GEMM, softmax, GELU or layer norm just produced ----------------------------------
+# The same argument as FRESH_CLONES, also for the producers transformer graphs clone (dropout in
+# eval mode becomes ``clone``), in any memory format and through the view that reshaped the result: the
+# values are the same, the copy would be as dense as its source, and views are rewritten as
+# reshapes once a rule fired (rewrite.boundary). ``made_by`` says the value is such a result
+# (``getitem``: an output of a multi-output kernel, e.g. layer norm's normalized tensor).
+_FRESH = (aten.addmm.default, aten.mm.default, aten.bmm.default, aten._softmax.default, aten.gelu.default,
+          operator.getitem, *(getattr(aten, n).default for n in _UNARY_COMPUTE),
+          *(getattr(getattr(aten, n), o) for n, o in _BINARY_COMPUTE))
+FRESH_COPIES = RuleSet("shape.fresh_copies", [
+    rule(aten.clone.default(x, memory_format=m), x, when=[tensor(x), made_by(x, *_FRESH)], name="copy_of_fresh"),
+    rule(aten.clone.default(view(x, s), memory_format=m), reshape(x, s), when=[tensor(x), made_by(x, *_FRESH)],
+         name="copy_of_viewed_fresh"),
+], description="clone (any format) of a fresh GEMM/softmax/GELU/multi-output result, or of its view, is dropped")
+
+# -- a unary pointwise op does not care how its input is shaped ---------------------------------------
+# f(view(y, s)) is reshape(f(y), s): the reshape moves out, where it meets the next reshape and the
+# two collapse (the view-GELU-view sandwiches between the GEMMs of transformer MLPs). AOT graphs
+# spell reshapes as views, so the rules match views.
+_UNARY_POINTWISE = {
+    "gelu": aten.gelu.default, "gelu_tanh": lambda v: aten.gelu.default(v, approximate="tanh"), "relu": aten.relu.default,
+}
+# (GELU rounds by layout: bfloat16 gelu of a strided view differs in the last bit from gelu of
+# the dense tensor, so its rules are exact=False.)
+POINTWISE_RESHAPES = RuleSet("shape.pointwise_reshapes", [
+    rule(f(view(y, s)), reshape(f(y), s), when=[tensor(y)], exact=not name.startswith("gelu"), name=f"{name}_of_view")
+    for name, f in _UNARY_POINTWISE.items()
+], description="a unary pointwise op of a view is the view of the op (so reshape pairs around it collapse)")
+
+RULESETS = [NOOPS, VIEW_CHAINS, PERMUTES, CASTS, FRESH_CLONES, FRESH_COPIES, POINTWISE_RESHAPES]

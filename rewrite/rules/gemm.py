@@ -1,0 +1,136 @@
+"""GEMMs with frozen weights: merge the ones that share an input, fold scalars and batch norms into weights.
+
+With ``config.experimental_config.frozen_parameter`` weights are constants, and a replacement may
+compute new weights out of them: a term whose inputs are all constants costs nothing at run time
+(`rewrite.cost.folds_at_compile_time`) and the folding pass evaluates it once after extraction. So
+these rules say what the new weight is (``cat([w0, w1], 1)``, ``w * c``) and never compute it.
+
+* ``gemm.merge_parallel``: attention's Q, K and V projections (an MLP's gate and up) read the same
+  activation; one GEMM over the concatenated weights and a split is fewer, larger calls. A
+  multi-pattern rule (`rewrite.dsl.siblings`), guarded by the engine: members are original nodes
+  taken in graph order, so merged GEMMs never merge again and each set of siblings matches once.
+  Siblings of one shape only (``same_shape``): that covers Q/K/V and gate/up, and splits evenly.
+* ``gemm.fold_scales``: ``(x @ w + b) * c`` is ``x @ (w * c) + b * c``; a scalar scale moves
+  through views, expands, permutes and the left operand of a batched GEMM to reach it (attention's
+  ``softmax(q @ k.T * scale)`` puts the scale into the Q weight).
+* ``gemm.fold_batch_norms``: an inference batch norm (PyTorch's default eps) after a bias-free,
+  ResNet-style 2-d convolution is a per-channel scale and shift, folded into the convolution's
+  weight and a new bias.
+
+All replace a value by the same real-number function rounded differently (``exact=False``):
+`check_rule` compares them within the dtype's tolerance. Extraction keeps them only where the
+calibrated cost model predicts a gain.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ..dsl import (RuleSet, aten, dims_agree, dtype_is, is_const, is_float, is_scalar, op, rank_is, rule, same_dtype,
+                   same_shape, siblings, variables)
+from ..ops import FLOATS
+
+__all__ = ["MERGE_PARALLEL", "FOLD_SCALES", "FOLD_BATCH_NORMS", "RULESETS", "fold_conv"]
+
+x, y, c, s, p, m = variables("x y c s p m")
+b0, b1, b2, w0, w1, w2 = variables("b0 b1 b2 w0 w1 w2")
+addmm, mm, bmm, cat = aten.addmm.default, aten.mm.default, aten.bmm.default, aten.cat.default
+mul, add, sub = aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor
+getitem = op(operator.getitem)
+
+
+def _gemm(bias: bool, dtypes=FLOATS) -> list:
+    """What ``addmm(b0, x, w0)`` / ``mm(x, w0)`` needs: float operands of one dtype, a matrix
+    weight, a bias of one value per output column (also what `check_rule` draws, so random
+    instances fit)."""
+    when = [dtype_is(x, *dtypes), rank_is(x, 2), rank_is(w0, 2), same_dtype(w0, x), dims_agree(x, 1, w0, 0)]
+    return when + ([dtype_is(b0, *dtypes), rank_is(b0, 1), same_dtype(x, b0), dims_agree(b0, 0, w0, 1)] if bias else [])
+
+
+# -- parallel GEMMs reading one activation -----------------------------------------------------------
+def _merge(k: int, bias: bool):
+    """Rule merging ``k`` GEMMs ``x @ w_i (+ b_i)``: one GEMM over ``cat(w_i, 1)``, split in k equal parts."""
+    ws, bs = [w0, w1, w2][:k], [b0, b1, b2][:k]
+    wide_w = cat(ws, 1)
+    wide = addmm(cat(bs), x, wide_w) if bias else mm(x, wide_w)
+    parts = aten.split.Tensor(wide, aten.sym_size.int(w0, 1), 1)
+    lhs = siblings(*(addmm(b, x, w) if bias else mm(x, w) for b, w in zip(bs, ws)))
+    # (each member like the first; the first's own conditions last, so check_rule draws it to fit x)
+    when = [*map(is_const, ws), *(c for w in ws[1:] for c in (same_shape(w, w0), same_dtype(w, w0)))]
+    if bias:
+        when += [*map(is_const, bs), *(c for b in bs[1:] for c in (same_shape(b, b0), same_dtype(b, b0)))]
+    when += _gemm(bias)
+    return rule(lhs, siblings(*(getitem(parts, i) for i in range(k))), when=when, exact=False,
+                name=f"merge_parallel_{'addmm' if bias else 'mm'}_{k}")
+
+
+MERGE_PARALLEL = RuleSet("gemm.merge_parallel", [_merge(k, bias) for k in (3, 2) for bias in (True, False)],
+                         iterations=1,
+                         description="2 or 3 GEMMs of one input and same-shaped frozen weights -> one GEMM + split")
+
+# -- scalars into weights --------------------------------------------------------------------------
+# Folding a scale or a batch norm into weights rounds differently, and in half precision the
+# difference can exceed any tolerance where the result cancels to near zero (check_rule found
+# fp16 conv + batch norm outputs 0.0016 against -0.016): single and double precision only. And a
+# scale applied before a GEMM instead of after it changes where a huge finite sum overflows: the
+# rules hold for results that do not overflow (tests check them on that domain).
+
+
+SINGLE = (torch.float32, torch.float64)
+
+
+def single(v):
+    return dtype_is(v, *SINGLE)
+
+
+# A scalar scale c (a Python number or a 0-dim constant) moves towards the GEMM that produced its
+# operand: through views and copies (exactly: a scalar multiplies every element alike, whatever the shape) and
+# into the left operand of bmm; at an addmm with frozen weights it becomes part of the weights.
+_VIEWS = {"view": lambda v: aten.view.default(v, s), "expand": lambda v: aten.expand.default(v, s),
+          "permute": lambda v: aten.permute.default(v, p), "clone": lambda v: aten.clone.default(v, memory_format=m)}
+FOLD_SCALES = RuleSet("gemm.fold_scales", [
+    rule(mul(addmm(b0, x, w0), c), addmm(mul(b0, c), x, mul(w0, c)),
+         when=[*_gemm(True, SINGLE), is_const(b0), is_const(w0), is_scalar(c)], exact=False, name="scale_into_addmm"),
+    rule(mul(bmm(x, y), c), bmm(mul(x, c), y), when=[single(x), rank_is(x, 3), rank_is(y, 3), same_dtype(y, x),
+                                                     dims_agree(x, 0, y, 0), dims_agree(x, 2, y, 1), is_scalar(c)],
+         exact=False, name="scale_into_bmm"),
+] + [
+    rule(mul(view(y), c), view(mul(y, c)), when=[is_float(y), is_scalar(c)], name=f"scale_before_{name}")
+    for name, view in _VIEWS.items()
+], iterations=4, description="a scalar scale moves through views and bmm into the frozen weights of addmm")
+
+# -- batch norms into the layer before ----------------------------------------------------------------
+# Inference batch norm is y * k + (beta - mean * k) per channel, k = gamma / sqrt(var + eps). The
+# rules are for PyTorch's default eps, 1e-5 (check_rule: with eps = 0 a zero variance makes k
+# infinite, and the two sides disagree on where that gives nan).
+EPS = 1e-05
+g, beta, mean, var, mom = variables("g beta mean var mom")
+_scale = mul(g, aten.rsqrt.default(add(var, EPS)))
+_batch_norm = aten._native_batch_norm_legit_no_training.default
+
+
+def fold_conv(stride: list, padding: list):
+    """2-d convolution without bias (stride and padding given; no dilation, one group), then batch
+    norm -> one convolution with folded weight and a bias. Literal parameters, one rule each for
+    the settings ResNets use, so that check_rule can draw instances that fit."""
+    conv = lambda w, b: aten.convolution.default(x, w, b, stride, padding, [1, 1], False, [0, 0], 1)  # noqa: E731
+    per_out = aten.reshape.default(_scale, [-1, 1, 1, 1])
+    return rule(getitem(_batch_norm(conv(w0, None), g, beta, mean, var, mom, EPS), 0),
+                conv(mul(w0, per_out), sub(beta, mul(mean, _scale))),
+                when=[*map(is_const, (w0, g, beta, mean, var)), *(same_shape(v, g) for v in (beta, mean, var)),
+                      *(same_dtype(v, g) for v in (beta, mean, var)), single(g), rank_is(g, 1), same_dtype(g, x),
+                      single(x), rank_is(x, 4), single(w0), rank_is(w0, 4), same_dtype(w0, x), dims_agree(x, 1, w0, 1),
+                      dims_agree(g, 0, w0, 0)],
+                exact=False, name=f"batch_norm_into_conv_s{stride[0]}_p{padding[0]}")
+
+
+# (stride, padding) of ResNet's 7x7 stem and 3x3 blocks. Its 1x1 projections (padding 0) are left
+# out: a random 1x1-or-larger kernel rarely fits a random input unpadded, and check_rule finds too
+# few instances to call such a rule checked.
+_RESNET_CONVS = (([1, 1], [1, 1]), ([2, 2], [1, 1]), ([2, 2], [3, 3]))
+FOLD_BATCH_NORMS = RuleSet("gemm.fold_batch_norms", [fold_conv(s_, p_) for s_, p_ in _RESNET_CONVS],
+                           description="inference batch norm after a bias-free 2-d convolution (ResNet strides and "
+                                       "paddings) with frozen weights -> one convolution with folded weight and bias")
+
+RULESETS = [MERGE_PARALLEL, FOLD_SCALES, FOLD_BATCH_NORMS]
