@@ -53,6 +53,18 @@ def _check_pass(args) -> int:
     return 0
 
 
+def _calibrate(args) -> int:
+    from . import calibration
+
+    if args.show:
+        print(calibration.current().describe())
+        return 0
+    cal, path = calibration.calibrate(quick=args.quick)
+    print(cal.describe())
+    print(f"saved to {path}" if path else "not saved (the cache folder is not writable)")
+    return 0
+
+
 def _demo(args) -> int:
     from .demo import run_demo
 
@@ -73,6 +85,10 @@ def main(argv=None) -> int:
     check = sub.add_parser("check-rules", help="check a ruleset module's rules numerically")
     check.add_argument("module", help="importable module name holding RuleSet objects")
     check.set_defaults(run=_check_rules)
+    cal = sub.add_parser("calibrate", help="measure the cost model on this machine and cache it")
+    cal.add_argument("--quick", action="store_true", help="a few hundredths of a second (rough figures)")
+    cal.add_argument("--show", action="store_true", help="print the cached (or default) figures, measure nothing new")
+    cal.set_defaults(run=_calibrate)
     fx = sub.add_parser("check-pass", help="check a torch.fx pass on random graphs, print a counterexample")
     fx.add_argument("spec", metavar="module:function", help="the pass: gets a GraphModule, returns one or None")
     fx.add_argument("--examples", type=int, default=200, help="random graphs to check (default 200)")

@@ -10,9 +10,9 @@ The selection is Knuth's generalisation of Dijkstra: an e-node becomes a candida
 child e-class already has its choice, so the chosen e-nodes always form a DAG. Sharing makes costs
 non-monotone (three GEMMs merged into one are each charged a third of it, less than the merged
 GEMM itself, which Dijkstra only finalizes after the cheaper originals), so improvement passes
-follow: in children-first order, an e-class switches to a cheaper e-node when no chosen path leads
-from that e-node's children back to it (a search pruned by the topological index of the current
-choice). The optimizer then compares the rebuilt graph's exact DAG cost with the input's and keeps
+follow: in children-first order, an e-class switches to an e-node that costs less given what the
+graph already computes, when no chosen path leads from that e-node's children back to it (a
+search pruned by the topological index of the current choice). The optimizer then compares the rebuilt graph's exact DAG cost with the input's and keeps
 the cheaper.
 
 Compile-time terms cost nothing: an e-class whose choice is a constant, a literal, or a call whose
@@ -116,7 +116,7 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     if missing:
         raise ExtractionError(f"no acyclic term for e-classes {missing[:5]}")
     choice = {cls: i for cls, (_, i) in best.items()}
-    _improve(choice, {cls: len(nodes) for cls, nodes in classes.items()}, kids, share, own, known)
+    _improve(choice, {cls: len(nodes) for cls, nodes in classes.items()}, kids, share, own, known, roots)
     return {cls: classes[cls][i] for cls, i in choice.items()}
 
 
@@ -159,8 +159,27 @@ def _reaches(starts, target, choice: dict, kids: dict, index: dict) -> bool:
     return False
 
 
-def _improve(choice: dict, sizes: dict, kids: dict, share: dict, own, known: dict) -> None:
-    """Switch e-classes to cheaper e-nodes Dijkstra's order could not see (see the module doc)."""
+def _reachable(starts, choice: dict, kids: dict, seen: set) -> set:
+    """The chosen e-classes reachable from ``starts`` that are not in ``seen`` (added to it)."""
+    new, stack = set(), [c for c in starts if c not in seen]
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        new.add(cls)
+        stack.extend(c for c in kids[(cls, choice[cls])] if c not in seen)
+    return new
+
+
+def _improve(choice: dict, sizes: dict, kids: dict, share: dict, own, known: dict, roots: list) -> None:
+    """Switch e-classes to e-nodes that cost less in the graph as chosen so far (see the module doc).
+
+    Costs are marginal: what the graph already computes (``live``) is free to read, and what only
+    the current choice reads (read once) is saved by leaving it; what the graph does not compute
+    yet is charged its share-based estimate. So once one member of a merged GEMM reads the merge,
+    its siblings read it too instead of each keeping a merge of its own.
+    """
     reorders = 0
     for _ in range(IMPROVEMENT_PASSES):
         index = _topological(choice, kids)
@@ -168,15 +187,24 @@ def _improve(choice: dict, sizes: dict, kids: dict, share: dict, own, known: dic
         cost: dict = {}
         for cls in order:
             cost[cls] = own(cls, choice[cls])[0] + sum(cost[c] / share[c] for c in kids[(cls, choice[cls])])
+        live: set = set()
+        _reachable([r for r in roots if r in choice], choice, kids, live)
+        readers: dict = {}  # live e-class -> how many live choices read it
+        for cls in live:
+            for c in kids[(cls, choice[cls])]:
+                readers[c] = readers.get(c, 0) + 1
         switched = stale = False
         for cls in order:
-            current = cost[cls]
+            if cls not in live:
+                continue
+            chosen = kids[(cls, choice[cls])]
+            current = own(cls, choice[cls])[0] + sum(cost[c] for c in chosen if readers.get(c, 0) == 1)
             for i in range(sizes[cls]):
                 children = kids[(cls, i)]
                 if i == choice[cls] or any(c not in cost for c in children):
                     continue
                 own_cost, folds = own(cls, i)
-                candidate = own_cost + sum(cost[c] / share[c] for c in children)
+                candidate = own_cost + sum(0.0 if c in live else cost[c] / share[c] for c in children)
                 if candidate >= current * (1 - 1e-9) - 1e-15:
                     continue
                 if stale:
@@ -185,12 +213,15 @@ def _improve(choice: dict, sizes: dict, kids: dict, share: dict, own, known: dic
                     index, stale, reorders = _topological(choice, kids), False, reorders + 1
                 if _reaches(children, cls, choice, kids, index):
                     continue
+                for c in kids[(cls, choice[cls])]:
+                    readers[c] -= 1
                 choice[cls], current, switched, stale = i, candidate, True, True
                 if folds is not None:
                     known[cls] = folds
                 else:
                     known.pop(cls, None)
-            cost[cls] = current
+                for reader in _reachable(children, choice, kids, live) | {cls}:  # what now reads what
+                    for c in kids[(reader, choice[reader])]:
+                        readers[c] = readers.get(c, 0) + 1
         if not switched:
             return
-

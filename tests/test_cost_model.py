@@ -1,0 +1,223 @@
+"""The calibrated cost model: its cache (stale or damaged files are measured again), the figures it
+prices ops with, extraction following it, switching rules off by name, and the multi-pattern guard."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import sympy
+import torch
+
+import rewrite
+from rewrite import calibration, cost, models
+from rewrite.calibration import DEFAULT, CalibrationError, Rate
+from rewrite.config import CompilerConfig, ConfigError
+from rewrite.ir import Graph, TensorMeta
+from rewrite.optimizer import optimize
+from rewrite.report import GraphReport
+
+aten = torch.ops.aten
+S = sympy.Integer
+
+
+def meta(*shape, dtype=torch.float32):
+    return TensorMeta(dtype, tuple(S(s) for s in shape))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache folder, and a quick micro-benchmark instead of the real one."""
+    monkeypatch.setenv("REWRITE_CACHE_DIR", str(tmp_path))
+    measure = calibration.measure
+    monkeypatch.setattr(calibration, "measure", lambda quick=False: measure(quick=True))
+    return tmp_path
+
+
+def test_calibration_is_measured_once_cached_and_read_back(cache):
+    cal, path = calibration.calibrate(quick=True)
+    assert path and os.path.dirname(path) == str(cache) and cal.source == path
+    again = calibration.load(path)
+    assert again.families == cal.families and again.dtype_speed == cal.dtype_speed and again.threads == cal.threads
+    assert set(cal.families) == set(cost.FAMILIES) and cal.families["gemm"].rate > 0
+    assert calibration._load_or_measure().source == path  # read, not measured again
+
+
+def _damage(path: str, how: str) -> None:
+    doc = json.load(open(path))
+    if how == "not json":
+        open(path, "w").write("{not json")
+    elif how == "nan rate":
+        doc["calibration"]["families"]["gemm"]["rate"] = float("nan")
+        open(path, "w").write(json.dumps(doc))
+    elif how == "negative overhead":
+        doc["calibration"]["families"]["copy"]["overhead_s"] = -1.0
+        open(path, "w").write(json.dumps(doc))
+    elif how == "missing family":
+        del doc["calibration"]["families"]["attention"]
+        open(path, "w").write(json.dumps(doc))
+    elif how == "extra field":
+        doc["calibration"]["command"] = "rm -rf /"
+        open(path, "w").write(json.dumps(doc))
+    elif how == "oversized":
+        open(path, "w").write(" " * (calibration.MAX_FILE_BYTES + 1))
+    elif how == "symlink":
+        target = path + ".elsewhere"
+        os.replace(path, target)
+        os.symlink(target, path)
+    elif how == "stale torch":
+        doc["key"]["torch"] = "1.0.0"
+        open(path, "w").write(json.dumps(doc))
+
+
+@pytest.mark.parametrize("how, field", [
+    ("not json", "not JSON"), ("nan rate", "families.gemm.rate"), ("negative overhead", "families.copy.overhead_s"),
+    ("missing family", "calibration.families"), ("extra field", "calibration must hold exactly"),
+    ("oversized", "bytes"), ("symlink", "cannot open"), ("stale torch", "stale, measured for another torch"),
+])
+def test_damaged_or_stale_cache_is_refused_naming_the_field_and_measured_again(cache, how, field):
+    _, path = calibration.calibrate(quick=True)
+    _damage(path, how)
+    with pytest.raises(CalibrationError, match=field) as err:
+        calibration.load(path)
+    assert path in str(err.value)
+    rebuilt = calibration._load_or_measure()
+    assert rebuilt.source == path and not os.path.islink(path)
+    assert calibration.load(path).families == rebuilt.families  # the file was replaced by a good one
+
+
+def test_cli_calibrate_writes_the_cache(tmp_path):
+    env = dict(os.environ, REWRITE_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "rewrite", "calibrate", "--quick"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "gemm" in out.stdout and "saved to" in out.stdout
+    assert [f for f in os.listdir(tmp_path) if f.startswith("cost-model-")]
+
+
+# -- pricing ---------------------------------------------------------------------------------------------
+
+def test_op_costs_follow_the_calibration():
+    mm = aten.mm.default
+    small, large = (meta(32, 64), [meta(32, 64), meta(64, 64)]), (meta(256, 512), [meta(256, 512), meta(512, 512)])
+    with calibration.use(DEFAULT):
+        a, b = cost.op_cost(mm, *small), cost.op_cost(mm, *large)
+        half = cost.op_cost(mm, meta(256, 512, dtype=torch.bfloat16),
+                            [meta(256, 512, dtype=torch.bfloat16), meta(512, 512, dtype=torch.bfloat16)])
+    assert DEFAULT.families["gemm"].overhead_s < a < b and half > b * 1.5  # bfloat16 GEMMs run at half speed
+    slow = dataclasses.replace(DEFAULT, families={**DEFAULT.families, "gemm": Rate(1e-3, 1e9)})
+    with calibration.use(slow):
+        assert cost.op_cost(mm, *small) > 1e-3 and cost.family_of(mm) == "gemm"
+
+
+def test_compile_time_terms_cost_nothing():
+    g = Graph("frozen")
+    x = g.placeholder("x", meta(8, 64))
+    w = g.constant(torch.randn(64, 64))
+    w.attrs["weight_name"] = "w"
+    t = g.call(aten.permute.default, (w, [1, 0]), meta=meta(64, 64))
+    scaled = g.call(aten.mul.Tensor, (t, 0.5), meta=meta(64, 64))
+    g.set_output((g.call(aten.mm.default, (x, scaled), meta=meta(8, 64)),))
+    with calibration.use(DEFAULT):
+        total = cost.graph_cost(g)
+        assert total == pytest.approx(cost.op_cost(aten.mm.default, meta(8, 64), [meta(8, 64), meta(64, 64)]))
+
+
+# -- extraction follows the cost model ----------------------------------------------------------------
+
+def _qkv(n_siblings=3, width=64):
+    g = Graph("qkv")
+    x = g.placeholder("x", meta(32, width))
+    outs = []
+    for i in range(n_siblings):
+        w, b = g.constant(torch.randn(width, width)), g.constant(torch.randn(width))
+        w.attrs["weight_name"], b.attrs["weight_name"] = f"w{i}", f"b{i}"
+        outs.append(g.call(aten.addmm.default, (b, x, w), meta=meta(32, width)))
+    g.set_output(tuple(outs))
+    return g
+
+
+def _optimized(g, cal):
+    report = GraphReport(g.name)
+    with calibration.use(cal):
+        return optimize(g, CompilerConfig(), report), report
+
+
+def test_merge_is_chosen_only_where_the_calibration_says_it_pays():
+    dispatch_bound = dataclasses.replace(DEFAULT, families={**DEFAULT.families, "gemm": Rate(50e-6, 100e9)})
+    merged, report = _optimized(_qkv(), dispatch_bound)
+    assert merged.op_counts().get("aten.addmm.default") == 1 and report.applied["merge_parallel_addmm_3"] == 3
+    x = torch.randn(32, 64)
+    from rewrite.testing import run_graph
+
+    torch.testing.assert_close(run_graph(merged, [x]), run_graph(_qkv_like(merged), [x]), atol=1e-4, rtol=1e-4)
+    # views (split) priced far above a GEMM call: keeping three GEMMs is cheaper, and extraction keeps them
+    view_bound = dataclasses.replace(DEFAULT, view_s=1e-3)
+    separate, report = _optimized(_qkv(), view_bound)
+    assert separate.op_counts().get("aten.addmm.default") == 3 and report.applied.get("merge_parallel_addmm_3")
+
+
+def _qkv_like(merged: Graph) -> Graph:
+    """The unmerged graph with the same weights as ``merged`` (which folded them into one)."""
+    tensors = [n.value for n in merged.nodes if n.kind == "constant" and isinstance(n.value, torch.Tensor)]
+    wide, bias = next(t for t in tensors if t.dim() == 2), next(t for t in tensors if t.dim() == 1)
+    g = Graph("ref")
+    x = g.placeholder("x", meta(32, 64))
+    outs = [g.call(aten.addmm.default, (g.constant(bias[i * 64:(i + 1) * 64]), x, g.constant(wide[:, i * 64:(i + 1) * 64])),
+                   meta=meta(32, 64)) for i in range(3)]
+    g.set_output(tuple(outs))
+    return g
+
+
+def test_multi_pattern_merge_is_guarded_against_explosion():
+    from rewrite.egraph import Limits, run_egraph
+    from rewrite.rules import default_rulesets
+
+    g = _qkv(n_siblings=8, width=16)
+    report = GraphReport("siblings")
+    with calibration.use(DEFAULT):
+        out, changed = run_egraph(g, default_rulesets(), Limits(), report)
+    pairs, triples = report.applied.get("merge_parallel_addmm_2", 0), report.applied.get("merge_parallel_addmm_3", 0)
+    # one e-graph run: every pair and triple of original GEMMs once (each member unioned), merged GEMMs never
+    assert (pairs, triples) == (2 * 28, 3 * 56) and not report.notes
+    assert changed and out.op_counts()["aten.addmm.default"] < 8
+    # later rounds see the merged GEMM as an original: the whole schedule ends with one GEMM
+    final, _ = _optimized(_qkv(n_siblings=8, width=16), DEFAULT)
+    assert final.op_counts()["aten.addmm.default"] == 1
+
+
+# -- switching rules off by name ------------------------------------------------------------------------
+
+def test_disabled_names_rules_rulesets_or_families():
+    for names in (["merge_parallel_addmm_3", "merge_parallel_addmm_2"], ["gemm.merge_parallel"], ["gemm"]):
+        config = CompilerConfig()
+        config.rules.disabled = names
+        report = GraphReport("qkv")
+        with calibration.use(DEFAULT):
+            out = optimize(_qkv(), config, report)
+        assert not any(k.startswith("merge_parallel") for k in report.applied), names
+        assert out.op_counts()["aten.addmm.default"] == 3
+
+
+def test_unknown_disabled_name_is_a_config_error_listing_the_known_ones():
+    config = CompilerConfig()
+    config.rules.disabled = ["merge_parallel_addm_3"]
+    with pytest.raises(ConfigError, match=r"merge_parallel_addm_3.*families: \[.*'algebra'.*'gemm'.*"
+                                          r"rulesets: \[.*'gemm.merge_parallel'.*close: \[.*'merge_parallel_addmm_3'"):
+        optimize(_qkv(), config, GraphReport("qkv"))
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(Exception, match="no rule family, ruleset or rule"):  # at compile time at the latest
+        torch.compile(model, backend=rewrite.get_backend(config))(torch.randn(2, 4))
+
+
+def test_explain_prints_the_predicted_cost_before_and_after():
+    config = CompilerConfig()
+    config.experimental_config.frozen_parameter = True
+    with torch.no_grad(), calibration.use(DEFAULT):
+        report = rewrite.explain(models.bert(), models.token_batch(1, 8), config=config)
+    before, after = report.graphs[0].predicted_cost
+    assert 0 < after < before
+    assert f"predicted cost: {before * 1e6:.1f} us -> {after * 1e6:.1f} us" in str(report)
