@@ -4,7 +4,9 @@ Pipeline of one graph (see DESIGN.md):
     from_fx -> stream scopes become node attributes -> freeze weights (optional)
     -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary)
     -> gears (one static graph per gear, re-optimized) -> build_executable (codegen / Inductor /
-    stream scheduler) -> a boxed callable that AOTAutograd and Dynamo run.
+    stream scheduler; in reduce-overhead mode each gear gets an execution plan or a CUDA graph, see
+    rewrite.exec.program) -> a boxed callable that AOTAutograd and Dynamo run (reduce-overhead
+    inference graphs that need nothing of AOTAutograd's runtime wrapper skip it, see exec.direct).
 """
 from __future__ import annotations
 
@@ -70,10 +72,6 @@ class RewriteBackend:
         self.report = CompileReport()
         self._lock = threading.Lock()
         rexec.check_config(self.config)
-        if self.config.mode == "reduce-overhead":
-            # Accepted so TorchAir scripts run unchanged; per-shape static kernels and CUDA graphs
-            # are a later milestone (DESIGN.md, item 6), so say plainly that nothing changes yet.
-            log.warning("mode='reduce-overhead' is not built yet: graphs are compiled as in 'max-autotune'")
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         number = next(_graph_numbers)
@@ -81,22 +79,30 @@ class RewriteBackend:
         weights = [i for i, name in enumerate(dynamo_input_names(gm))
                    if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
 
-        def unit(kind: str) -> CompileUnit:
+        def unit(kind: str, weights: tuple = ()) -> CompileUnit:
             with self._lock:
-                return CompileUnit.for_aot_graph(number, kind, self.config, self.report)
+                return CompileUnit.for_aot_graph(number, kind, self.config, self.report, weights)
+
+        direct: dict = {}  # reduce-overhead: the inference graph called without AOTAutograd's wrapper
 
         def compile_fw(aot_gm, aot_inputs, kind):
             frozen = ()
+            same_inputs = len(aot_inputs) == len(example_inputs)  # else AOT changed them: indices differ
             if kind == "inference" and self.config.experimental_config.frozen_parameter:
-                if len(aot_inputs) == len(example_inputs):
+                if same_inputs:
                     frozen = {i: example_inputs[i] for i in weights}
                 else:
                     log.info("graph %d: cannot freeze weights (AOT changed the inputs); kept as inputs", number)
-            fw = unit(kind)
+            fw = unit(kind, tuple(weights) if same_inputs else ())
             # AOTAutograd calls compilers under its fake mode; frozen weights are real tensors that
             # passes (folding) compute with, so compile outside it.
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
-                return self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec)
+                compiled = self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec)
+            inner = getattr(compiled, "__rewrite_fn__", None)
+            if kind == "inference" and same_inputs and inner is not None \
+                    and self.config.mode in rexec.REDUCE_OVERHEAD_MODES:
+                direct["fn"] = rexec.direct_call(inner, example_inputs)
+            return compiled
 
         def compile_bw(aot_gm, aot_inputs):
             bw = unit("backward")
@@ -105,13 +111,14 @@ class RewriteBackend:
         # set_dim_gears keeps a Dynamo flag on until the geared graph first runs; a compile that
         # fails never runs it.
         with rgears.size_oblivious.restored_on_failure():
-            return aot_autograd(
+            wrapped = aot_autograd(
                 fw_compiler=functools.partial(compile_fw, kind="forward"),
                 bw_compiler=compile_bw,
                 inference_compiler=functools.partial(compile_fw, kind="inference"),
                 decompositions=decomposition_table(),
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
+        return direct.get("fn") or wrapped
 
     def compile_graph(self, gm: torch.fx.GraphModule, name: str, unit: CompileUnit, frozen: dict, gear_spec):
         """Compile the AOT graph of ``unit`` into a callable; errors name the node and the reason.
@@ -130,17 +137,25 @@ class RewriteBackend:
         rep.ops_after = graph.op_counts()
         dump_graph(graph, unit, "after")
 
+        # reduce-overhead: the gears of this graph share one memory pool and one static-kernel build.
+        program = rexec.PlannedProgram(unit) if self.config.mode in rexec.REDUCE_OVERHEAD_MODES else None
+
         def build_static(g: Graph):
-            return rexec.build_executable(g, unit)
+            return rexec.build_executable(g, unit, program=program)
 
         if graph.is_static():
             with rep.stage("codegen"):
                 fn = build_static(graph)
         else:
             fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static)
+        if program is not None:
+            with rep.stage("plan"):
+                program.finalize()
         log.info("%s", rep)
         # AOTAutograd calls compiled graphs with one list argument ("boxed"), so it can free inputs early.
-        return make_boxed_func(fn)
+        boxed = make_boxed_func(fn)
+        boxed.__rewrite_fn__ = fn  # the unboxed callable, for calls that bypass AOTAutograd (exec.direct)
+        return boxed
 
     def on_optimized(self, graph: Graph, unit: CompileUnit, frozen: dict, gear_spec) -> None:
         """Hook called with each optimized graph before it is built; rewrite.export captures graphs here."""

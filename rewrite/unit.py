@@ -29,16 +29,18 @@ class CompileUnit:
     kind: str  # one of KINDS
     config: CompilerConfig
     report: GraphReport | None = None  # where stages count what they did and leave notes (None: log only)
+    weights: tuple = ()  # indices of graph inputs that are the model's parameters and buffers (in place across calls)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"compile unit {self.name}: kind {self.kind!r} is not one of {KINDS}")
 
     @classmethod
-    def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport) -> "CompileUnit":
+    def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport,
+                      weights: tuple = ()) -> "CompileUnit":
         """The backend's unit for AOT graph ``kind`` of Dynamo graph ``number``, with a new report in ``reports``."""
         name = f"g{number}_{kind}"
-        return cls(name, number, kind, config, reports.new_graph(name))
+        return cls(name, number, kind, config, reports.new_graph(name), tuple(weights))
 
     @classmethod
     def detached(cls, name: str, config: CompilerConfig, report: GraphReport | None = None,

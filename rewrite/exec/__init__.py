@@ -21,14 +21,17 @@ import torch
 
 from ..config import ConfigError
 from ..dump import dump_graph
-from ..ir import Graph, TensorMeta, iter_metas
+from ..ir import Graph
 from ..unit import CompileUnit, as_unit
 from .codegen import compile_graph_to_python
+from .direct import direct_call
+from .program import REDUCE_OVERHEAD_MODES, PlannedProgram, device_of
 from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for"]
+__all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for", "PlannedProgram",
+           "REDUCE_OVERHEAD_MODES", "direct_call"]
 
 DYNAMIC_MULTI_STREAM_ENV = "REWRITE_DYNAMIC_SHAPE_MULTI_STREAM"
 
@@ -38,6 +41,10 @@ def check_config(config) -> None:
     if config.ge_config.enable_single_stream and config.exec.auto_streams:
         raise ConfigError("config.ge_config.enable_single_stream = True conflicts with "
                           "config.exec.auto_streams = True; set at most one of them")
+    if config.experimental_config.aclgraph._aclnn_static_shape_kernel:
+        from ..kernels import check_config as check_static_kernels
+
+        check_static_kernels(config)
 
 
 def _note(report, msg: str) -> None:
@@ -74,14 +81,6 @@ def stream_plan_for(graph: Graph, config, report=None) -> StreamPlan | None:
     return plan
 
 
-def _device_of(graph: Graph) -> torch.device:
-    for n in graph.nodes:
-        for m in iter_metas(n.meta):
-            if isinstance(m, TensorMeta) and m.device.type == "cuda":
-                return m.device
-    return torch.device("cpu")
-
-
 def _record_syncs(plan: StreamPlan) -> None:
     """Write the plan into node attributes, so graph dumps show every stream and synchronisation."""
     for n in plan.order:
@@ -99,11 +98,12 @@ def _record_syncs(plan: StreamPlan) -> None:
         out.attrs["syncs"] = out_syncs
 
 
-def build_executable(graph: Graph, unit: CompileUnit, report=None):
+def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None):
     """Compile ``graph`` for execution with the kernel backend ``config.exec.kernels`` selects.
 
     ``unit`` is the `CompileUnit` the graph belongs to; a graph built on its own passes a
-    ``CompilerConfig`` instead (with the report, if any, that collects its notes).
+    ``CompilerConfig`` instead (with the report, if any, that collects its notes). ``program``: the
+    compiled function's `PlannedProgram` in reduce-overhead mode (static graphs then get a plan).
     """
     unit = as_unit(unit, graph.name, report)
     config, report = unit.config, unit.report
@@ -116,7 +116,7 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None):
         if report is not None:
             report.count("streams", len(plan.streams))
             report.count("stream_syncs", plan.num_syncs)
-        device = _device_of(graph)
+        device = device_of(graph)
         if device.type == "cuda":
             from .stream_cuda import compile_cuda_streams
 
@@ -130,11 +130,11 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None):
         dump_graph(graph, unit, "streams", source=fn.__rewrite_source__)
         log.info("graph %s: %d streams, %d synchronisations\n%s", graph.name, len(plan.streams),
                  plan.num_syncs, plan.describe())
-        return fn
-    if config.exec.kernels == "inductor":
+        return fn if program is None else program.executable(graph, fn, plannable=False)
+    if config.exec.kernels == "inductor" or (program is not None and program.wants_inductor(graph)):
         from .inductor import compile_with_inductor
 
-        return compile_with_inductor(graph)
-    if waits:
-        return compile_graph_to_python(graph, order=order_with_waits(graph, waits))
-    return compile_graph_to_python(graph)
+        fn = compile_with_inductor(graph)
+        return fn if program is None else program.executable(graph, fn, plannable=False)
+    fn = compile_graph_to_python(graph, order=order_with_waits(graph, waits)) if waits else compile_graph_to_python(graph)
+    return fn if program is None else program.executable(graph, fn, plannable=not waits)
