@@ -1,0 +1,286 @@
+"""Static kernels (seed 002, 静态Kernel编译): one kernel per recorded op signature, built once, reused.
+
+Switched on with ``config.experimental_config.aclgraph._aclnn_static_shape_kernel = True`` in
+reduce-overhead mode. While each gear's plan is made (`rewrite.exec.program`), every op's
+signature (op, dtypes, sizes, strides, arguments) is recorded in the seed's layout (`store`);
+ops the C generator supports (`cgen`) become static-kernel steps of the plan. After the last
+gear, `StaticKernels.build` looks for the kernels in the artifacts of the build folder, builds
+what is missing into one new artifact (one C compile; under the folder's lock, so processes on
+one machine build each kernel once), and loads them. Later processes find everything and build
+nothing.
+
+Kernels are keyed by their signature, torch version, device (CPU model and flags) and generator
+version (`signature.kernel_key`); an artifact for another torch, device or generator is stale,
+one that fails any check is damaged, and either way the kernels are built anew, never trusted.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+
+import torch
+
+from ..config import ConfigError
+from ..ir import Node
+from ..ops import target_name
+from . import artifact, cgen, compiler, signature
+from .store import KernelStore, StoreError, check_local_world, default_build_dir
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["StaticKernels", "StaticKernelError", "check_config"]
+
+_GEMMS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default")
+# Constant weights of at least this many elements get MKL's packed GEMM (a packed copy costs several MB
+# whatever the weight's size, and measured on this machine packing pays from about 384 x 384 on).
+PACK_MIN = 1 << 16
+
+
+class StaticKernelError(RuntimeError):
+    """Static kernels cannot be used as configured; the message says what to change."""
+
+
+def _build_dir(config) -> str:
+    return config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir or default_build_dir()
+
+
+def check_config(config) -> None:
+    """Checks made when the backend is created, before any compile: mode, LOCAL_WORLD_SIZE, build dir."""
+    if not config.experimental_config.aclgraph._aclnn_static_shape_kernel:
+        return
+    from ..exec.program import REDUCE_OVERHEAD_MODES
+
+    if config.mode not in REDUCE_OVERHEAD_MODES:
+        raise ConfigError("config.experimental_config.aclgraph._aclnn_static_shape_kernel = True needs "
+                          f"config.mode in {list(REDUCE_OVERHEAD_MODES)} (static kernels belong to reduce-overhead "
+                          f"mode), got {config.mode!r}")
+    try:
+        check_local_world()
+        KernelStore(_build_dir(config))
+    except StoreError as e:
+        raise StaticKernelError(str(e)) from None
+
+
+class _Loaded:
+    """The kernels this process can call: key -> (address, library)."""
+
+    def __init__(self):
+        self.addresses: dict[str, int] = {}
+        self.runner = None
+        self.libraries: list = []  # loaded libraries stay loaded
+        self.seen: dict[tuple, object] = {}  # (path, mtime, size) -> Artifact or the error it raised
+
+    def add(self, art: artifact.Artifact, keys) -> int:
+        lib = compiler.Library(art.library)
+        if self.runner is None:
+            self.runner = lib.runner
+        n = 0
+        for key in keys:
+            symbol, _ = art.kernels[key]
+            self.addresses[key] = lib.address(symbol)
+            n += 1
+        self.libraries.append(lib)
+        return n
+
+
+_loaded = _Loaded()  # process-wide: kernels loaded by one compiled function serve all
+
+
+_PACKED: dict = {}  # (weight address, shape) -> (weight, packed copy): one packed copy per weight per process
+
+
+def _packed_weight(mat2: torch.Tensor, rows: int) -> torch.Tensor:
+    """MKL's packed form of ``mat2`` ([K, N], the transpose of a row-major [N, K] weight), made once."""
+    weight = mat2.t()
+    key = (weight.data_ptr(), tuple(weight.shape))
+    hit = _PACKED.get(key)
+    if hit is None:
+        hit = _PACKED[key] = (weight, torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), max(rows, 1)))
+    return hit[1]
+
+
+def _constant_value(node: Node):
+    """The value of a node computed from constants only (a weight, or a view of one)."""
+    if node.kind == "constant":
+        return node.value
+    from ..ir import map_nodes
+
+    values = map_nodes((node.args, node.kwargs), _constant_value)
+    return node.target(*values[0], **values[1])
+
+
+class StaticKernels:
+    """The static kernels of one compiled function (all its gears): decide, record, build, bind."""
+
+    def __init__(self, config, unit):
+        try:
+            check_local_world()
+            self.store = KernelStore(_build_dir(config))
+        except StoreError as e:
+            raise StaticKernelError(str(e)) from None
+        self.unit = unit
+        self.context = {"torch": torch.__version__, "device": compiler.device_key(), "generator": cgen.VERSION}
+        self.pending: dict[str, dict] = {}  # key -> signature, for the next build
+        self.signatures: dict[str, dict] = {}  # key -> signature, of every kernel decided on
+        self.gemm = compiler.blas_available()
+        self.enabled = compiler.compiler_available()
+        if not self.enabled:
+            self._note("static kernels: no C compiler (gcc or cc) on PATH; every op runs its ATen kernel")
+
+    # -- planning: which ops get a kernel, and the records ----------------------------------------
+    def decide(self, node: Node, obs) -> str | None:
+        """The kernel key for ``node``, or None when it runs its ATen kernel."""
+        if not self.enabled or not isinstance(node.target, torch._ops.OpOverload):
+            return None
+        if target_name(node.target) in _GEMMS and not self.gemm:
+            return None
+        try:
+            sig = signature.of_node(node, obs.facts)
+        except signature.SignatureError:
+            return None
+        if sig["inputs"] and sig["inputs"][0]["dtype"] not in signature.DTYPES:
+            return None
+        if self._packable(node, sig, obs):
+            sig["args"].append([cgen.PACKED, True])
+        if any(o["size"] and 0 in o["size"] for o in sig["outputs"]) or cgen.generate(sig, "k_probe") is None:
+            return None
+        key = signature.kernel_key(sig, self.context)
+        self.pending[key] = self.signatures[key] = sig
+        return key
+
+    def _packable(self, node: Node, sig: dict, obs) -> bool:
+        """A float32 matrix product whose weight (``mat2``) is a constant stored as a row-major [N, K] matrix."""
+        if sig["op"] not in ("aten.mm.default", "aten.addmm.default") or not compiler.packed_gemm_available():
+            return False
+        weight = dict(sig["args"])["mat2"]["tensor"]
+        k, n = sig["inputs"][weight]["size"]
+        (fact,) = obs.facts(signature.tensor_operands(node)[weight])
+        return (sig["inputs"][weight]["dtype"] == "float32" and sig["inputs"][weight]["stride"] == [1, k]
+                and k * n >= PACK_MIN and obs.storages[fact.storage].origin == "constant")
+
+    def record(self, graph, obs, plan) -> None:
+        """Write every op's signature record (debug folder) and those with kernels (the pid folder)."""
+        for i, n in enumerate(graph.nodes):
+            if n.kind != "call" or not isinstance(n.target, torch._ops.OpOverload):
+                continue
+            try:
+                sig = signature.of_node(n, obs.facts)
+            except signature.SignatureError as e:
+                sig = {"op": target_name(n.target), "note": str(e)}
+            p = plan.nodes.get(i)
+            key = p.kernel if p is not None and p.kind == "native" else None
+            data = {"graph": graph.name, "node": n.name, "signature": sig, "kernel": key}
+            stem = signature.record_name(sig) if "inputs" in sig else target_name(n.target).split(".", 1)[1]
+            self.store.record(stem, data, debug=True)
+            if key is not None:
+                self.store.record(stem, data, debug=False)
+
+    # -- building ------------------------------------------------------------------------------
+    def build(self) -> None:
+        """Find or build every pending kernel; afterwards each is callable."""
+        need = {k: s for k, s in self.pending.items() if k not in _loaded.addresses}
+        self.pending = {}
+        if not need:
+            return
+        t0 = time.perf_counter()
+        found = self._find(need)
+        built = 0
+        if len(found) < len(need):
+            with self.store.lock():  # others building now finish first; then look again
+                found |= self._find({k: s for k, s in need.items() if k not in found})
+                missing = {k: s for k, s in need.items() if k not in found}
+                if missing:
+                    path = self._build(missing)
+                    found |= self._load(path, missing)
+                    built = len(missing)
+        self._report(len(need), len(need) - built, built, time.perf_counter() - t0)
+
+    def _find(self, need: dict) -> set:
+        found: set[str] = set()
+        for path in self.store.artifacts():
+            wanted = set(need) - found
+            if not wanted:
+                break
+            found |= self._load(path, wanted)
+        return found
+
+    def _load(self, path: str, wanted) -> set:
+        """Keys of ``wanted`` the artifact at ``path`` provides (loaded); damaged or stale artifacts give none."""
+        import os
+
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            stamp = (path, st.st_mtime_ns, st.st_size)
+        except OSError:
+            return set()
+        art = _loaded.seen.get(stamp)
+        if art is None:
+            try:
+                art = artifact.read(path, self.context)
+            except artifact.Stale as e:
+                log.debug("%s", e)
+                art = e
+            except (artifact.ArtifactError, OSError) as e:
+                log.warning("%s; its kernels are built anew", e)
+                art = e
+            _loaded.seen[stamp] = art
+        if isinstance(art, Exception):
+            return set()
+        keys = set(wanted) & set(art.kernels)
+        if keys:
+            try:
+                _loaded.add(art, keys)
+            except (OSError, compiler.CompileFailed) as e:
+                log.warning("static-kernel artifact %s cannot be loaded (%s); its kernels are built anew", path, e)
+                return set()
+        return keys
+
+    def _build(self, missing: dict) -> str:
+        parts = [cgen.RUNTIME, cgen.MATH_DECLARATIONS]
+        for key, sig in sorted(missing.items()):
+            parts.append(f"/* {sig['op']} */\n" + cgen.generate(sig, artifact.symbol_of(key)))
+        source = "\n".join(parts)
+        with tempfile.TemporaryDirectory(prefix="rewrite-build-") as tmp:
+            try:
+                so = compiler.compile_library(source, tmp)
+            except compiler.CompileFailed as e:
+                raise StaticKernelError(f"static kernels of {self.unit.name} failed to compile: {e}") from e
+            with open(so, "rb") as f:
+                library = f.read()
+        return artifact.write(self.store.output_folder(), missing, self.context, source, library)
+
+    def _report(self, needed: int, found: int, built: int, seconds: float) -> None:
+        rep = self.unit.report
+        if rep is not None:
+            rep.count("static kernels", needed)
+            rep.count("static kernels built", built)
+        self._note(f"static kernels: {needed} needed, {found} found in artifacts, {built} built, {seconds:.2f} s "
+                   f"(build dir {self.store.build_dir})")
+
+    def _note(self, msg: str) -> None:
+        log.info("%s", msg)
+        if self.unit.report is not None:
+            self.unit.report.notes.append(msg)
+
+    # -- running (rewrite.exec.planned.NativeRuns) ----------------------------------------------
+    @property
+    def runner(self):
+        return _loaded.runner
+
+    def bind(self, key: str, node: Node):
+        inputs = signature.tensor_operands(node)
+        width = len(node.meta) if isinstance(node.meta, tuple) else 1
+        operands = [("in", m) for m in inputs] + [("out", k) for k in range(width)]
+        sig = self.signatures[key]
+        if dict(sig["args"]).get(cgen.PACKED):
+            weight = inputs[dict(sig["args"])["mat2"]["tensor"]]
+            operands.append(("tensor", _packed_weight(_constant_value(weight), sig["outputs"][0]["size"][0])))
+        return _loaded.addresses[key], operands
+
+    def error(self, code: int, nodes: list):
+        step, err = (code & 0xFFFFFFFF) - 1, code >> 32
+        node = nodes[step] if 0 <= step < len(nodes) else None
+        kind, text = cgen.ERRORS.get(err, (RuntimeError, f"static kernel error {err}"))
+        where = f" (%{node.name}, {node.op})" if node is not None else ""
+        raise kind(f"{text}{where}")

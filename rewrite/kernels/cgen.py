@@ -1,0 +1,615 @@
+"""C source of static CPU kernels: one function per op signature, sizes and strides baked in.
+
+A kernel is ``int k_<key>(void **p)``: ``p`` holds the addresses of its tensor inputs (in the
+signature's order), then its outputs, then any extra buffer the kernel reads; it returns 0, or an
+error code (`ERRORS`). Everything else (sizes, strides, scalar arguments) is a constant in the
+code, so the compiler unrolls, vectorizes and folds index arithmetic. The code is built only from
+a checked signature (`signature.check`): op names select a generator from the tables below, and
+every number that reaches the source is an int or a float printed by Python.
+
+What gets a kernel (everything else runs its ATen kernel):
+
+* pointwise ops on float32/float64 (bool for masks and comparisons), with broadcasting and any
+  strides; transcendental functions through glibc's vector math library (libmvec), so loops
+  vectorize like ATen's; large ones split over OpenMP threads;
+* ``native_layer_norm`` and ``_softmax``/``_log_softmax`` over contiguous last dimensions;
+* ``mm``/``addmm``/``bmm`` through MKL's ``sgemm_``/``dgemm_`` (the BLAS ATen itself calls), and
+  for weights that are constants, MKL's packed GEMM (``cblas_sgemm_compute`` on a weight packed once
+  by ``mkl::_mkl_reorder_linear_weight``, what Inductor's freezing uses); the addresses reach the
+  library at load time (`compiler.Library`);
+* ``embedding`` (an index out of range is error 1, raised as IndexError) and copies (``clone``,
+  ``_to_copy`` between float dtypes, ``cat``).
+
+Numerics: the same formulas as ATen's CPU kernels (layer norm statistics in double), so results
+agree to float rounding; tests compare with eager at every gear.
+"""
+from __future__ import annotations
+
+import math
+
+from .signature import value_of
+
+__all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
+
+# Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
+VERSION = 1
+ERRORS = {1: (IndexError, "index out of range in self")}
+# Pointwise loops over at least this many elements are split over threads.
+PARALLEL_MIN = 32768
+
+_CTYPE = {"float32": "float", "float64": "double", "bool": "uint8_t", "int64": "int64_t", "int32": "int32_t",
+          "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t"}
+_FLOATS = ("float32", "float64")
+# Math functions with vector variants in libmvec (declared `omp declare simd` below).
+_MATH = ("exp", "log", "tanh", "sin", "cos", "erf", "expm1", "log1p", "pow")
+
+RUNTIME = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+typedef int (*rw_kernel)(void **);
+typedef void (*rw_sgemm_t)(const char *, const char *, const int *, const int *, const int *, const float *,
+                           const float *, const int *, const float *, const int *, const float *, float *, const int *);
+typedef void (*rw_dgemm_t)(const char *, const char *, const int *, const int *, const int *, const double *,
+                           const double *, const int *, const double *, const int *, const double *, double *,
+                           const int *);
+typedef void (*rw_sgemm_compute_t)(int, int, int, int, int, int, const float *, int, const float *, int, float,
+                                   float *, int);
+static rw_sgemm_t rw_sgemm;
+static rw_dgemm_t rw_dgemm;
+static rw_sgemm_compute_t rw_sgemm_compute;
+/* The BLAS entry points ATen uses, handed over by the loader: no link-time dependency on torch. */
+int rw_init(void **symbols) {
+  rw_sgemm = (rw_sgemm_t)symbols[0]; rw_dgemm = (rw_dgemm_t)symbols[1];
+  rw_sgemm_compute = (rw_sgemm_compute_t)symbols[2];
+  return %d;
+}
+/* Runs a table of steps: [kernel, n, p0 .. pn-1, kernel, n, ...]; returns 0 or (step + 1) | code << 32. */
+long long rw_run(void **t, long long steps) {
+  long long at = 0;
+  for (long long i = 0; i < steps; i++) {
+    rw_kernel k = (rw_kernel)t[at];
+    long long n = (long long)(intptr_t)t[at + 1];
+    int rc = k(t + at + 2);
+    if (rc) return (i + 1) | ((long long)rc << 32);
+    at += 2 + n;
+  }
+  return 0;
+}
+""" % VERSION
+
+MATH_DECLARATIONS = "".join(
+    f"#pragma omp declare simd notinbranch\nfloat {f}f(float{', float' if f == 'pow' else ''});\n"
+    f"#pragma omp declare simd notinbranch\ndouble {f}(double{', double' if f == 'pow' else ''});\n" for f in _MATH)
+
+
+class Unsupported(Exception):
+    """The signature gets no static kernel (its op runs as ATen)."""
+
+
+def generate(sig: dict, symbol: str) -> str | None:
+    """C source of ``symbol`` implementing checked signature ``sig``, or None when unsupported."""
+    family = _FAMILIES.get(sig["op"])
+    if family is None:
+        return None
+    try:
+        return family(sig, symbol)
+    except Unsupported:
+        return None
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+def _args(sig) -> dict:
+    return {name: value for name, value in sig["args"]}
+
+
+def _numel(size) -> int:
+    return math.prod(size)
+
+
+def _literal(v, ctype: str) -> str:
+    v = value_of(v)
+    if isinstance(v, bool):
+        v = int(v)
+    if not isinstance(v, (int, float)):
+        raise Unsupported
+    f = float(v)
+    if math.isnan(f):
+        text = "NAN"
+    elif math.isinf(f):
+        text = "INFINITY" if f > 0 else "(-INFINITY)"
+    else:
+        text = repr(f)
+    return f"(({ctype})({text}))"
+
+
+def _pointers(sig, extra_inputs: int = 0) -> list[str]:
+    lines = []
+    for k, d in enumerate(sig["inputs"]):
+        lines.append(f"  const {_CTYPE[d['dtype']]} *restrict x{k} = (const {_CTYPE[d['dtype']]} *)p[{k}];")
+    base = len(sig["inputs"])
+    for k, d in enumerate(sig["outputs"]):
+        lines.append(f"  {_CTYPE[d['dtype']]} *restrict y{k} = ({_CTYPE[d['dtype']]} *)p[{base + k}];")
+    for k in range(extra_inputs):
+        lines.append(f"  const void *restrict e{k} = p[{base + len(sig['outputs']) + k}];")
+    return lines
+
+
+def _function(symbol: str, body: list[str], sig, extra_inputs: int = 0) -> str:
+    for d in sig["inputs"] + sig["outputs"]:
+        if d["dtype"] not in _CTYPE:
+            raise Unsupported
+    return f"int {symbol}(void **p) {{\n" + "\n".join(_pointers(sig, extra_inputs) + body) + "\n  return 0;\n}\n"
+
+
+def _broadcast(d: dict, size: list) -> list:
+    """Strides of layout ``d`` read as if broadcast to ``size``."""
+    rank, own = len(size), len(d["size"])
+    if own > rank:
+        raise Unsupported
+    out = []
+    for k in range(rank):
+        j = k - (rank - own)
+        if j < 0 or (d["size"][j] == 1 and size[k] != 1):
+            out.append(0)
+        elif d["size"][j] != size[k]:
+            raise Unsupported
+        else:
+            out.append(d["stride"][j])
+    return out
+
+
+def _collapse(size: list, strides: list[list]) -> tuple[list, list[list]]:
+    """Drop size-1 dims and merge dims that are contiguous in every array (fewer, longer loops)."""
+    keep = [k for k, s in enumerate(size) if s != 1]
+    size = [size[k] for k in keep]
+    strides = [[st[k] for k in keep] for st in strides]
+    k = len(size) - 2
+    while k >= 0:
+        if all(st[k] == st[k + 1] * size[k + 1] for st in strides):
+            size[k] *= size[k + 1]
+            for st in strides:
+                st[k] = st[k + 1]
+                del st[k + 1]
+            del size[k + 1]
+        k -= 1
+    return size, strides
+
+
+def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = True) -> list[str]:
+    """Nested loops over ``size``; ``emit(indices)`` gives the body's lines for index expressions.
+
+    ``simd``: the innermost loop is marked for vectorization (its body must not branch out of it)."""
+    size, strides = _collapse(size, strides)
+    if not size:
+        return ["  {"] + ["    " + ln for ln in emit(["0"] * len(strides))] + ["  }"]
+    lines = []
+    rank = len(size)
+    for d in range(rank):
+        pad = "  " * (d + 1)
+        if d == 0 and parallel:
+            lines.append(f"{pad}#pragma omp parallel for{' simd' if rank == 1 else ''}")
+        elif d == rank - 1 and simd:
+            lines.append(f"{pad}#pragma omp simd")
+        lines.append(f"{pad}for (int64_t i{d} = 0; i{d} < {size[d]}LL; i{d}++) {{")
+    index = []
+    for st in strides:
+        terms = [f"i{d}*{st[d]}LL" if st[d] != 1 else f"i{d}" for d in range(rank) if st[d] != 0]
+        index.append(" + ".join(terms) or "0")
+    lines += ["  " * (rank + 1) + ln for ln in emit(index)]
+    lines += ["  " * (d + 1) + "}" for d in reversed(range(rank))]
+    return lines
+
+
+# -- pointwise --------------------------------------------------------------------------------------------
+
+def _fn(name: str, T: str) -> str:
+    return f"{name}f" if T == "float" else name
+
+
+def _alpha(a, T: str, x: str) -> str:
+    v = value_of(a)
+    return x if v == 1 else f"{_literal(a, T)} * {x}"
+
+
+def _gelu(e, raw, T):
+    x = e["self"]
+    if raw["approximate"] == "tanh":
+        return (f"(({T})0.5) * {x} * ((({T})1) + {_fn('tanh', T)}((({T})0.7978845608028654) * ({x} + (({T})0.044715) "
+                f"* {x} * {x} * {x})))")
+    if raw["approximate"] == "none":
+        return f"{x} * (({T})0.5) * ((({T})1) + {_fn('erf', T)}({x} * (({T})0.7071067811865476)))"
+    raise Unsupported
+
+
+def _pow_scalar(e, raw, T):
+    x, ex = e["self"], value_of(raw["exponent"])
+    special = {2: f"{x} * {x}", 3: f"{x} * {x} * {x}", 1: x, 0.5: f"sqrt{'f' if T == 'float' else ''}({x})",
+               -1: f"(({T})1) / {x}", -2: f"(({T})1) / ({x} * {x})",
+               -0.5: f"(({T})1) / sqrt{'f' if T == 'float' else ''}({x})"}
+    if isinstance(ex, (int, float)) and not isinstance(ex, bool) and ex in special:
+        return special[ex]
+    return f"{_fn('pow', T)}({x}, {e['exponent']})"
+
+
+def _clamp(x, lo, hi):
+    out = x
+    if lo is not None:
+        out = f"({out} < {lo} ? {lo} : {out})"
+    if hi is not None:
+        out = f"({out} > {hi} ? {hi} : {out})"
+    return f"({x} != {x} ? {x} : {out})"
+
+
+def _maxmin(e, op):
+    a, b = e["self"], e["other"]
+    return f"(({a} != {a} || {b} != {b}) ? {a} + {b} : ({a} {op} {b} ? {a} : {b}))"
+
+
+_UNARY_FN = {"exp": "exp", "log": "log", "tanh": "tanh", "sin": "sin", "cos": "cos", "erf": "erf",
+             "expm1": "expm1", "log1p": "log1p", "sqrt": "sqrt", "abs": "fabs"}
+# op -> (names of the operands, expression builder(e: name -> C expression, raw: name -> value, T))
+_POINTWISE: dict = {
+    **{f"aten.{name}.default": (("self",), lambda e, raw, T, f=f: f"{_fn(f, T)}({e['self']})")
+       for name, f in _UNARY_FN.items()},
+    "aten.neg.default": (("self",), lambda e, raw, T: f"-{e['self']}"),
+    "aten.reciprocal.default": (("self",), lambda e, raw, T: f"(({T})1) / {e['self']}"),
+    "aten.rsqrt.default": (("self",), lambda e, raw, T: f"(({T})1) / {_fn('sqrt', T)}({e['self']})"),
+    "aten.sigmoid.default": (("self",), lambda e, raw, T: f"(({T})1) / ((({T})1) + {_fn('exp', T)}(-{e['self']}))"),
+    "aten.silu.default": (("self",), lambda e, raw, T: f"{e['self']} / ((({T})1) + {_fn('exp', T)}(-{e['self']}))"),
+    "aten.relu.default": (("self",), lambda e, raw, T: f"({e['self']} != {e['self']} || {e['self']} > 0 ? "
+                                                         f"{e['self']} : (({T})0))"),
+    "aten.gelu.default": (("self", "approximate"), _gelu),
+    "aten.pow.Tensor_Scalar": (("self", "exponent"), _pow_scalar),
+    "aten.pow.Tensor_Tensor": (("self", "exponent"), lambda e, raw, T: f"{_fn('pow', T)}({e['self']}, {e['exponent']})"),
+    "aten.clamp.default": (("self", "min", "max"), lambda e, raw, T: _clamp(
+        e["self"], None if raw["min"] is None else e["min"], None if raw["max"] is None else e["max"])),
+    "aten.clamp_min.default": (("self", "min"), lambda e, raw, T: _clamp(e["self"], e["min"], None)),
+    "aten.clamp_max.default": (("self", "max"), lambda e, raw, T: _clamp(e["self"], None, e["max"])),
+    "aten.hardtanh.default": (("self", "min_val", "max_val"), lambda e, raw, T: _clamp(e["self"], e["min_val"],
+                                                                                       e["max_val"])),
+    "aten.leaky_relu.default": (("self", "negative_slope"), lambda e, raw, T: (
+        f"({e['self']} > 0 ? {e['self']} : {e['self']} * {e['negative_slope']})")),
+    "aten.maximum.default": (("self", "other"), lambda e, raw, T: _maxmin(e, ">")),
+    "aten.minimum.default": (("self", "other"), lambda e, raw, T: _maxmin(e, "<")),
+    "aten.where.self": (("condition", "self", "other"), lambda e, raw, T: f"({e['condition']} ? {e['self']} : "
+                                                                           f"{e['other']})"),
+    "aten.masked_fill.Scalar": (("self", "mask", "value"), lambda e, raw, T: f"({e['mask']} ? {e['value']} : "
+                                                                              f"{e['self']})"),
+    "aten.clone.default": (("self",), lambda e, raw, T: e["self"]),
+    "aten._to_copy.default": (("self",), lambda e, raw, T: e["self"]),
+}
+for _name, _op in (("add", "+"), ("sub", "-")):
+    for _ov in ("Tensor", "Scalar"):
+        _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T, op=_op: (
+            f"{e['self']} {op} {_alpha(raw['alpha'], T, e['other'])}"))
+for _ov in ("Tensor", "Scalar"):
+    _POINTWISE[f"aten.rsub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: (
+        f"{e['other']} - {_alpha(raw['alpha'], T, e['self'])}"))
+for _name, _op in (("mul", "*"), ("div", "/")):
+    for _ov in ("Tensor", "Scalar"):
+        _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"{e['self']} {op} {e['other']}")
+_COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+for _name, _op in _COMPARISONS.items():
+    for _ov in ("Tensor", "Scalar"):
+        _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"({e['self']} {op} {e['other']})")
+_BOOL_OPERANDS = {"condition", "mask"}
+_ALLOWED_EXTRA = {"aten._to_copy.default": {"dtype", "non_blocking", "memory_format", "layout", "device",
+                                            "pin_memory"},
+                  "aten.clone.default": {"memory_format"}}
+
+
+def _pointwise(sig, symbol):
+    operand_names, build = _POINTWISE[sig["op"]]
+    args = _args(sig)
+    out = sig["outputs"][0]
+    if len(sig["outputs"]) != 1:
+        raise Unsupported
+    for name, v in args.items():
+        if name in operand_names:
+            continue
+        allowed = _ALLOWED_EXTRA.get(sig["op"], set())
+        if name not in allowed or (name in ("layout", "device", "pin_memory") and v not in (None, False)):
+            raise Unsupported
+    float_inputs = [sig["inputs"][args[n]["tensor"]]["dtype"] for n in operand_names
+                    if isinstance(args.get(n), dict) and "tensor" in args[n] and n not in _BOOL_OPERANDS]
+    if any(d not in _FLOATS for d in float_inputs):
+        raise Unsupported
+    if out["dtype"] == "bool":
+        if not float_inputs:
+            raise Unsupported
+        T = "double" if "float64" in float_inputs else "float"
+    elif out["dtype"] in _FLOATS:
+        T = _CTYPE[out["dtype"]]
+    else:
+        raise Unsupported
+    size = out["size"]
+    exprs, raw, strides, loads = {}, {}, [out["stride"]], []
+    for name in operand_names:
+        v = args.get(name)
+        raw[name] = v
+        if isinstance(v, dict) and "tensor" in v:
+            k = v["tensor"]
+            d = sig["inputs"][k]
+            if (name in _BOOL_OPERANDS) != (d["dtype"] == "bool"):
+                raise Unsupported
+            strides.append(_broadcast(d, size))
+            var = f"v{len(loads)}"
+            loads.append((var, k, name in _BOOL_OPERANDS))
+            exprs[name] = var
+        elif isinstance(v, dict) and "tensors" in v:
+            raise Unsupported
+        elif v is not None and not isinstance(v, str):
+            exprs[name] = _literal(v, T)
+    expr = build(exprs, raw, T)
+    cast = _CTYPE[out["dtype"]]
+
+    def body(index):
+        lines = [f"{'uint8_t' if is_bool else T} {var} = ({'uint8_t' if is_bool else T})x{k}[{index[1 + j]}];"
+                 for j, (var, k, is_bool) in enumerate(loads)]
+        return lines + [f"y0[{index[0]}] = ({cast})({expr});"]
+
+    return _function(symbol, _loops(list(size), strides, body, _numel(size) >= PARALLEL_MIN), sig)
+
+
+# -- rows: layer norm, softmax ------------------------------------------------------------------------
+
+def _rows(d: dict, inner_dims: int) -> tuple[int, int, int]:
+    """(rows, row length, row stride) of layout ``d`` whose last ``inner_dims`` dims are contiguous."""
+    size, stride = d["size"], d["stride"]
+    if inner_dims > len(size) or inner_dims < 1:
+        raise Unsupported
+    inner = size[len(size) - inner_dims:]
+    expect = 1
+    for s, st in zip(reversed(inner), reversed(stride[len(size) - inner_dims:])):
+        if s != 1 and st != expect:
+            raise Unsupported
+        expect *= s
+    outer_size, outer_stride = _collapse(list(size[:len(size) - inner_dims]), [list(stride[:len(size) - inner_dims])])
+    if len(outer_size) > 1:
+        raise Unsupported
+    rows = outer_size[0] if outer_size else 1
+    return rows, _numel(inner), (outer_stride[0][0] if outer_size else 0)
+
+
+def _contiguous(d: dict) -> bool:
+    expect = 1
+    for s, st in zip(reversed(d["size"]), reversed(d["stride"])):
+        if s != 1 and st != expect:
+            return False
+        expect *= s
+    return True
+
+
+def _layer_norm(sig, symbol):
+    args = _args(sig)
+    x = sig["inputs"][args["input"]["tensor"]]
+    if x["dtype"] not in _FLOATS or any(o["dtype"] != x["dtype"] for o in sig["outputs"]):
+        raise Unsupported
+    T = _CTYPE[x["dtype"]]
+    inner = len(args["normalized_shape"])
+    rows, n, rs = _rows(x, inner)
+    orows, on, ors = _rows(sig["outputs"][0], inner)
+    if (orows, on) != (rows, n) or n == 0:
+        raise Unsupported
+    for stats in sig["outputs"][1:]:  # mean and rstd: one value per row, contiguous
+        if _numel(stats["size"]) != rows or not _contiguous(stats):
+            raise Unsupported
+    w, b = args["weight"], args["bias"]
+    for t in (w, b):
+        if t is not None and _rows(sig["inputs"][t["tensor"]], len(sig["inputs"][t["tensor"]]["size"]))[1] != n:
+            raise Unsupported
+    eps = _literal(args["eps"], "double")
+    scale = f" * x{w['tensor']}[j]" if w is not None else ""
+    shift = f" + x{b['tensor']}[j]" if b is not None else ""
+    body = [
+        f"  {'#pragma omp parallel for' if rows * n >= PARALLEL_MIN else ''}",
+        f"  for (int64_t r = 0; r < {rows}LL; r++) {{",
+        f"    const {T} *row = x{args['input']['tensor']} + r * {rs}LL;",
+        f"    {T} *out = y0 + r * {ors}LL;",
+        "    double sum = 0, sq = 0;",
+        "    #pragma omp simd reduction(+:sum)",
+        f"    for (int64_t j = 0; j < {n}LL; j++) sum += row[j];",
+        f"    double mean = sum / {n}.0;",
+        "    #pragma omp simd reduction(+:sq)",
+        f"    for (int64_t j = 0; j < {n}LL; j++) {{ double d = row[j] - mean; sq += d * d; }}",
+        f"    double var = sq / {n}.0;",
+        f"    double rstd = 1.0 / sqrt((var > 0 ? var : 0) + {eps});",
+        f"    {T} m = ({T})mean, s = ({T})rstd;",
+        "    #pragma omp simd",
+        f"    for (int64_t j = 0; j < {n}LL; j++) out[j] = (row[j] - m) * s{scale}{shift};",
+        "    y1[r] = m;",
+        "    y2[r] = s;",
+        "  }",
+    ]
+    return _function(symbol, body, sig)
+
+
+def _softmax(sig, symbol, log: bool):
+    args = _args(sig)
+    x = sig["inputs"][args["self"]["tensor"]]
+    out = sig["outputs"][0]
+    rank = len(x["size"])
+    if rank == 0 or args["half_to_float"] or x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"]:
+        raise Unsupported
+    if args["dim"] % rank != rank - 1:
+        raise Unsupported
+    T = _CTYPE[x["dtype"]]
+    rows, n, rs = _rows(x, 1)
+    orows, on, ors = _rows(out, 1)
+    if (orows, on) != (rows, n) or n == 0:
+        raise Unsupported
+    e = _fn("exp", T)
+    finish = ([f"    {T} l = ({T}){_fn('log', T)}(sum);", "    #pragma omp simd",
+               f"    for (int64_t j = 0; j < {n}LL; j++) o[j] = row[j] - mx - l;"] if log else
+              [f"    {T} inv = (({T})1) / sum;", "    #pragma omp simd", f"    for (int64_t j = 0; j < {n}LL; j++) o[j] *= inv;"])
+    body = [
+        f"  {'#pragma omp parallel for' if rows * n >= PARALLEL_MIN else ''}",
+        f"  for (int64_t r = 0; r < {rows}LL; r++) {{",
+        f"    const {T} *row = x{args['self']['tensor']} + r * {rs}LL;",
+        f"    {T} *o = y0 + r * {ors}LL;",
+        f"    {T} mx = row[0];",
+        f"    for (int64_t j = 1; j < {n}LL; j++) mx = (row[j] > mx || row[j] != row[j]) ? row[j] : mx;",
+        f"    {T} sum = 0;",
+        "    #pragma omp simd reduction(+:sum)",
+        f"    for (int64_t j = 0; j < {n}LL; j++) {{ {T} v = {e}(row[j] - mx); {'' if log else 'o[j] = v; '}sum += v; }}",
+        *finish,
+        "  }",
+    ]
+    return _function(symbol, body, sig)
+
+
+# -- matrix products -------------------------------------------------------------------------------------
+
+def _matrix(d: dict, first: int):
+    """BLAS view of the 2-D slice (dims first, first+1) of layout ``d``: (transposed?, ld, rows, cols)."""
+    r, c = d["size"][first], d["size"][first + 1]
+    s0, s1 = d["stride"][first], d["stride"][first + 1]
+    if (s1 == 1 or c == 1) and (r == 1 or s0 >= max(c, 1)):
+        return False, max(s0 if r > 1 else c, c, 1), r, c  # row-major
+    if (s0 == 1 or r == 1) and (c == 1 or s1 >= max(r, 1)):
+        return True, max(s1 if c > 1 else r, r, 1), r, c  # column-major
+    raise Unsupported
+
+
+def _gemm_call(T, a: str, b: str, c: str, A, B, C, m, n, k, alpha: str, beta: str) -> list[str]:
+    """Row-major C[m,n] = alpha A[m,k] B[k,n] + beta C, as the column-major C^T = B^T A^T BLAS computes."""
+    ta, lda = A[0], A[1]
+    tb, ldb = B[0], B[1]
+    if C[0] or max(m, n, k, lda, ldb, C[1]) >= 2**31:
+        raise Unsupported
+    gemm = "rw_sgemm" if T == "float" else "rw_dgemm"
+    return [f"  {{ const int m = {n}, n = {m}, k = {k}, lda = {ldb}, ldb = {lda}, ldc = {C[1]};",
+            f"    const {T} alpha = {alpha}, beta = {beta};",
+            f"    {gemm}(\"{'T' if tb else 'N'}\", \"{'T' if ta else 'N'}\", &m, &n, &k, &alpha, {b}, &lda, {a}, &ldb, "
+            f"&beta, {c}, &ldc); }}"]
+
+
+PACKED = "rewrite_packed_weight"  # signature argument: mat2 comes as MKL-packed memory (extra operand 0)
+
+
+def _packed_call(a: str, A, m: int, n: int, k: int, C, beta: str) -> list[str]:
+    """C = A B + beta C with B packed by cblas_sgemm_pack (row-major, B transposed, alpha 1)."""
+    if C[0] or max(m, n, k, A[1], C[1]) >= 2**31:
+        raise Unsupported
+    return [f"  rw_sgemm_compute(101, {112 if A[0] else 111}, 151, {m}, {n}, {k}, {a}, {A[1]}, (const float *)e0, "
+            f"{k}, {beta}, y0, {C[1]});"]
+
+
+def _mm(sig, symbol, with_bias: bool):
+    args = _args(sig)
+    packed = bool(args.get(PACKED))
+    a_ref = args["mat1" if with_bias else "self"]["tensor"]  # addmm(self=bias, mat1, mat2); mm(self, mat2)
+    A, B, C = sig["inputs"][a_ref], sig["inputs"][args["mat2"]["tensor"]], sig["outputs"][0]
+    if {A["dtype"], B["dtype"], C["dtype"]} - {"float32", "float64"} or len({A["dtype"], B["dtype"], C["dtype"]}) != 1:
+        raise Unsupported
+    T = _CTYPE[C["dtype"]]
+    m, k = A["size"]
+    n = B["size"][1]
+    if min(m, n, k) == 0:
+        raise Unsupported
+    body = []
+    beta = "0"
+    if with_bias:
+        beta_v = value_of(args["beta"])
+        if beta_v != 0:
+            bias = sig["inputs"][args["self"]["tensor"]]
+            if bias["dtype"] != C["dtype"]:
+                raise Unsupported
+            strides = [C["stride"], _broadcast(bias, C["size"])]
+            body += _loops(list(C["size"]), strides, lambda ix: [f"y0[{ix[0]}] = x{args['self']['tensor']}[{ix[1]}];"],
+                           False)
+            beta = _literal(args["beta"], T)
+        alpha = _literal(args["alpha"], T)
+    else:
+        alpha = "1"
+    if packed:
+        if T != "float" or (with_bias and (value_of(args["alpha"]) != 1 or value_of(args["beta"]) not in (0, 1))):
+            raise Unsupported
+        body += _packed_call(f"x{a_ref}", _matrix(A, 0), m, n, k, _matrix(C, 0), "1.0f" if beta != "0" else "0.0f")
+        return _function(symbol, body, sig, extra_inputs=1)
+    body += _gemm_call(T, f"x{a_ref}", f"x{args['mat2']['tensor']}", "y0", _matrix(A, 0),
+                       _matrix(B, 0), _matrix(C, 0), m, n, k, alpha, beta)
+    return _function(symbol, body, sig)
+
+
+def _bmm(sig, symbol):
+    args = _args(sig)
+    A, B, C = sig["inputs"][args["self"]["tensor"]], sig["inputs"][args["mat2"]["tensor"]], sig["outputs"][0]
+    if len({A["dtype"], B["dtype"], C["dtype"]}) != 1 or C["dtype"] not in _FLOATS:
+        raise Unsupported
+    T = _CTYPE[C["dtype"]]
+    batch, m, k = A["size"]
+    n = B["size"][2]
+    if min(batch, m, n, k) == 0:
+        raise Unsupported
+    call = _gemm_call(T, f"x{args['self']['tensor']} + i * {A['stride'][0]}LL",
+                      f"x{args['mat2']['tensor']} + i * {B['stride'][0]}LL", f"y0 + i * {C['stride'][0]}LL",
+                      _matrix(A, 1), _matrix(B, 1), _matrix(C, 1), m, n, k, "1", "0")
+    return _function(symbol, [f"  for (int64_t i = 0; i < {batch}LL; i++)"] + call, sig)
+
+
+# -- gathers and copies -----------------------------------------------------------------------------------
+
+def _embedding(sig, symbol):
+    args = _args(sig)
+    W, I, O = sig["inputs"][args["weight"]["tensor"]], sig["inputs"][args["indices"]["tensor"]], sig["outputs"][0]
+    if len(W["size"]) != 2 or W["dtype"] not in _FLOATS or O["dtype"] != W["dtype"] or I["dtype"] != "int64":
+        raise Unsupported
+    vocab, dim = W["size"]
+    if W["stride"][1] != 1 or dim == 0:
+        raise Unsupported
+    rows, n, ors = _rows(O, 1)
+    if n != dim or rows != _numel(I["size"]):
+        raise Unsupported
+    T = _CTYPE[W["dtype"]]
+    wi, ii = args["weight"]["tensor"], args["indices"]["tensor"]
+    index_strides = [I["stride"]]
+
+    def body(ix):
+        return [f"int64_t id = x{ii}[{ix[0]}];",
+                f"if (id < 0 || id >= {vocab}LL) return 1;",
+                f"memcpy(y0 + (at++) * {ors}LL, x{wi} + id * {W['stride'][0]}LL, {dim}LL * sizeof({T}));"]
+
+    return _function(symbol, ["  int64_t at = 0;"] + _loops(list(I["size"]), index_strides, body, False, simd=False),
+                     sig)
+
+
+def _cat(sig, symbol):
+    args = _args(sig)
+    out = sig["outputs"][0]
+    refs = args["tensors"]["tensors"]
+    rank = len(out["size"])
+    dim = value_of(args["dim"]) % max(rank, 1)
+    if out["dtype"] not in _CTYPE or any(sig["inputs"][r]["dtype"] != out["dtype"] for r in refs):
+        raise Unsupported
+    body, at = [], 0
+    for r in refs:
+        d = sig["inputs"][r]
+        if _numel(d["size"]) == 0:
+            continue  # ATen skips empty inputs too
+        if len(d["size"]) != rank:
+            raise Unsupported
+        size = list(d["size"])
+        strides = [out["stride"], d["stride"]]
+        base = at * out["stride"][dim]
+        body += _loops(size, strides, lambda ix, r=r, base=base: [f"y0[{base}LL + {ix[0]}] = x{r}[{ix[1]}];"],
+                       _numel(size) >= PARALLEL_MIN)
+        at += d["size"][dim]
+    if at != out["size"][dim]:
+        raise Unsupported
+    return _function(symbol, body, sig)
+
+
+_FAMILIES = {name: _pointwise for name in _POINTWISE}
+_FAMILIES.update({
+    "aten.native_layer_norm.default": _layer_norm,
+    "aten._softmax.default": lambda sig, symbol: _softmax(sig, symbol, False),
+    "aten._log_softmax.default": lambda sig, symbol: _softmax(sig, symbol, True),
+    "aten.mm.default": lambda sig, symbol: _mm(sig, symbol, False),
+    "aten.addmm.default": lambda sig, symbol: _mm(sig, symbol, True),
+    "aten.bmm.default": _bmm,
+    "aten.embedding.default": _embedding,
+    "aten.cat.default": _cat,
+})
