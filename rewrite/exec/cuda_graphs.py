@@ -1,0 +1,155 @@
+"""reduce-overhead on CUDA: one CUDA graph per gear, captured after a warm-up call.
+
+Per compiled function (`CudaGraphs`): one memory pool (``torch.cuda.graph_pool_handle``) that every
+gear's graph allocates from, since only one gear runs per call (vLLM's shared cudagraph pool,
+TorchAir's ``reuse_graph_pool_in_same_fx``); one capture stream (a shared pool needs the same
+stream for every capture); and the count of captured shapes against
+``config.debug.aclgraph.static_capture_size_limit`` (npugraph_ex's ``capture_limit``, default 64).
+When the limit is reached, gears not captured yet run uncaptured, with one log line per gear;
+gears captured before keep replaying (TorchAir instead runs every later call uncaptured).
+
+Per gear (`CapturedGear`):
+
+* the first call runs the executable as it is (warm-up: lazy initialisation, autotuning, library
+  handles happen outside capture); the second call captures it on the capture stream;
+* inputs are copied into static buffers the graph reads, except weights (parameters and buffers
+  the backend identified), which the graph reads in place: a weight whose address changes makes the
+  gear capture again (logged), rather than copying into memory the caller owns;
+* inputs the graph mutates in place (``copy_`` into an input) are copied back after the replay;
+* outputs live in the pool and the next replay overwrites them, so each call returns copies
+  (the caller owns what it gets; TorchAir's ``clone_output=False`` default returns the pool's
+  tensors instead);
+* stream scopes are captured with the graph: the multi-stream executor forks its side streams
+  from the current (capture) stream with events and joins them before returning, which is the
+  fork/join pattern stream capture records.
+
+Replays of one gear are serialised (the static buffers are shared); replays of different gears
+may run concurrently from different threads. None of this has run on a GPU in this project's CI.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from ..ir import Graph, Node
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["CudaGraphs", "CapturedGear"]
+
+
+class CudaGraphs:
+    """What the captured gears of one compiled function share: pool, capture stream, capture count."""
+
+    def __init__(self, device: torch.device, limit: int, weights: tuple = ()):
+        self.device = device
+        self.limit = limit
+        self.weights = frozenset(weights)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device=device)
+        self.captured = 0
+        self.lock = threading.Lock()  # one capture at a time (a CUDA requirement)
+
+    def wrap(self, graph: Graph, fn):
+        return CapturedGear(self, graph, fn)
+
+
+def _mutated_inputs(graph: Graph) -> list[int]:
+    """Placeholder indices the graph writes to (``copy_`` and other ops annotated as writing)."""
+    index = {p.id: k for k, p in enumerate(graph.placeholders)}
+    out = []
+    for n in graph.nodes:
+        t = n.target
+        if n.kind != "call" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
+            continue
+        for a, v in zip(t._schema.arguments, n.args):
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(v, Node) and v.id in index:
+                out.append(index[v.id])
+    return sorted(set(out))
+
+
+class CapturedGear:
+    """One gear: warm-up, capture, then replays."""
+
+    def __init__(self, graphs: CudaGraphs, graph: Graph, fn):
+        self.graphs = graphs
+        self.graph = graph
+        self.fn = fn
+        self.mutated = _mutated_inputs(graph)
+        self.calls = 0
+        self.cuda_graph = None
+        self.static_inputs: list = []
+        self.static_outputs = None
+        self.weight_ptrs: dict[int, int] = {}
+        self.refused = False
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        with self.lock:
+            self.calls += 1
+            if self.cuda_graph is not None and not self._weights_moved(args):
+                return self._replay(args)
+            if self.calls == 1 or self.refused or not self._capture(args):
+                return self.fn(*args)
+            return self._replay(args)
+
+    def _weights_moved(self, args) -> bool:
+        for k, ptr in self.weight_ptrs.items():
+            if args[k].data_ptr() != ptr:
+                log.info("reduce-overhead: graph %s: weight input %d moved; capturing again", self.graph.name, k)
+                self.cuda_graph = None
+                return True
+        return False
+
+    def _capture(self, args) -> bool:
+        g = self.graphs
+        with g.lock:
+            if self.cuda_graph is None and g.captured >= g.limit:
+                self.refused = True
+                log.warning("reduce-overhead: static_capture_size_limit (capture_limit) %d reached: graph %s runs "
+                            "uncaptured (config.debug.aclgraph.static_capture_size_limit)", g.limit, self.graph.name)
+                return False
+            statics, weights = [], {}
+            for k, a in enumerate(args):
+                if isinstance(a, torch.Tensor) and a.is_cuda:
+                    if k in g.weights:
+                        statics.append(a)
+                        weights[k] = a.data_ptr()
+                    else:
+                        statics.append(a.clone())
+                else:
+                    statics.append(a)
+            cg = torch.cuda.CUDAGraph()
+            g.stream.wait_stream(torch.cuda.current_stream(g.device))
+            with torch.cuda.graph(cg, pool=g.pool, stream=g.stream, capture_error_mode="thread_local"):
+                outputs = self.fn(*statics)
+            torch.cuda.current_stream(g.device).wait_stream(g.stream)
+            new = self.cuda_graph is None and not self.weight_ptrs
+            self.cuda_graph, self.static_inputs, self.static_outputs = cg, statics, outputs
+            self.weight_ptrs = weights
+            if new:
+                g.captured += 1
+            log.info("reduce-overhead: graph %s captured (%d of at most %d captured shapes)", self.graph.name,
+                     g.captured, g.limit)
+            return True
+
+    def _replay(self, args):
+        for k, (s, a) in enumerate(zip(self.static_inputs, args)):
+            if isinstance(s, torch.Tensor) and k not in self.weight_ptrs and s is not a:
+                s.copy_(a, non_blocking=True)
+        self.cuda_graph.replay()
+        for k in self.mutated:
+            if k not in self.weight_ptrs:
+                args[k].copy_(self.static_inputs[k], non_blocking=True)
+        return _copy(self.static_outputs)
+
+
+def _copy(out):
+    """Outputs the caller owns: the pool's tensors are overwritten by the next replay."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (list, tuple)):
+        return type(out)(_copy(o) for o in out)
+    return out
