@@ -380,18 +380,11 @@ DYNAMIC_OPS: tuple[DynOp, ...] = (
     DynOp("div_scalar", _with_scalar("/"), FLOATS),
     DynOp("size_arith", _with_size, _NUMBERS),
     DynOp("pow", _pow, _NUMBERS),
-    DynOp("flatten", _flatten),
-    DynOp("split", _split),
-    DynOp("reshape", _reshape_inferred),
-    DynOp("permute", _permute),
-    DynOp("transpose", _transpose),
-    DynOp("unsqueeze", _unsqueeze),
-    DynOp("squeeze", _squeeze),
-    DynOp("expand", _expand),
-    DynOp("slice", _slice),
-    DynOp("narrow", _narrow),
-    DynOp("cat", _cat),
-    DynOp("flip", _flip),
+    # Views and layout changes (any dtype); their sizes are expressions of the input sizes.
+    *(DynOp(name, make) for name, make in (
+        ("flatten", _flatten), ("split", _split), ("reshape", _reshape_inferred), ("permute", _permute),
+        ("transpose", _transpose), ("unsqueeze", _unsqueeze), ("squeeze", _squeeze), ("expand", _expand),
+        ("slice", _slice), ("narrow", _narrow), ("cat", _cat), ("flip", _flip))),
     DynOp("sum", _reduce("sum"), _NUMBERS),
     DynOp("amax", _reduce("amax"), _NUMBERS),
     DynOp("mean", _reduce("mean"), FLOATS),
@@ -507,8 +500,8 @@ def _mutations(draw, values: list[_Value], made: list[_Value], outputs: list[_Va
 # Tracing and the sizes a traced graph is valid for
 # ================================================================================================
 
-def trace_program(program: Program) -> torch.fx.GraphModule:
-    """``make_fx(program, tracing_mode="symbolic")`` at the program's drawn sizes.
+def trace_program(program: Program, decompositions: dict | None = None) -> torch.fx.GraphModule:
+    """``make_fx(program, decompositions, tracing_mode="symbolic")`` at the program's drawn sizes.
 
     Every node gets ``meta["val"]`` (symbolic FakeTensors and SymInts) and tensor nodes get
     ``meta["tensor_meta"]``; the ShapeEnv (``SizeConstraints(gm)``) keeps the guards tracing made.
@@ -518,7 +511,7 @@ def trace_program(program: Program) -> torch.fx.GraphModule:
     mode = FakeTensorMode(shape_env=ShapeEnv())
     fakes = _fake_inputs(mode, program.inputs, dict(program.trace_sizes))
     with mode:
-        return make_fx(program.function, tracing_mode="symbolic")(*fakes)
+        return make_fx(program.function, decompositions, tracing_mode="symbolic")(*fakes)
 
 
 class SizeConstraints:

@@ -4,13 +4,15 @@ An FX pass reads more than ops: ``node.meta["val"]`` (a FakeTensor, symbolic und
 shapes, strides, storage sharing), ``node.meta["tensor_meta"]``, ``sym_size`` nodes. A graph drawn
 for a pass must carry all of it, or a pass either crashes for the wrong reason or never fires. So
 graphs are not built as FX by hand: a static graph drawn by `graphs()` is traced by ``make_fx(tracing_mode="fake")``, and a dynamic one is a random program (`programs()`)
-traced with ``make_fx(tracing_mode="symbolic")``. Both give the core-ATen graph AOTAutograd would
-give (composite ops such as ``reshape`` decomposed into ``view``/``_unsafe_view``), metadata on
-every node, and, for dynamic graphs, a ShapeEnv whose guards say which other sizes are valid.
+traced with ``make_fx(tracing_mode="symbolic")``, both with a decomposition table (core ATen by
+default, or Inductor's). That gives the ATen graph AOTAutograd would give (``reshape`` as ``view``
+or ``_unsafe_view``, ``zeros_like`` as ``full_like``...), metadata on every node, and, for dynamic
+graphs, a ShapeEnv whose guards say which other sizes are valid.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import torch
@@ -20,9 +22,10 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..ir import Graph, map_nodes
 from .dynamic import DYNAMIC_OPS, MAX_SIZE, InputSpec, Program, SizeConstraints, programs, trace_program
-from .strategies import GRAPH_DTYPES, OPS, graphs, tensors
+from .strategies import FILL_OPS, GRAPH_DTYPES, OPS, graphs, tensors
 
-__all__ = ["FxCase", "fx_cases", "lower_graph", "select_ops", "case_sizes", "case_inputs", "SIZES_PER_GRAPH"]
+__all__ = ["FxCase", "fx_cases", "lower_graph", "select_ops", "case_sizes", "case_inputs", "decomposition_table",
+           "SIZES_PER_GRAPH"]
 
 SIZES_PER_GRAPH = 3  # concrete sizes each dynamic graph is run at (the drawn ones and two others)
 
@@ -58,13 +61,35 @@ def add_tensor_meta(gm: torch.fx.GraphModule) -> None:
             node.meta["tensor_meta"] = _extract_tensor_metadata(val)
 
 
-def lower_graph(graph: Graph) -> torch.fx.GraphModule:
+def decomposition_table(name) -> dict | None:
+    """The decompositions graphs are traced with: ``"core"`` (to the core ATen opset, the default of
+    `check_fx_pass`), ``"inductor"`` (Inductor's own table: the graphs its post-grad passes see),
+    None (ATen as recorded, composite ops decomposed), or a table of one's own."""
+    if name is None or isinstance(name, dict):
+        return name
+    if name == "core":
+        return _core_table()
+    if name == "inductor":
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+    raise ValueError(f"decompositions={name!r}: use 'core', 'inductor', None or a decomposition table (dict)")
+
+
+@functools.lru_cache(maxsize=1)
+def _core_table() -> dict:
+    from torch._decomp import core_aten_decompositions
+
+    return dict(core_aten_decompositions())
+
+
+def lower_graph(graph: Graph, decompositions: dict | None = None) -> torch.fx.GraphModule:
     """A static IR graph as the FX graph AOTAutograd would hand a pass: ATen ops, metadata on every node."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     examples = [torch.zeros([int(s) for s in p.meta.shape], dtype=p.meta.dtype) for p in graph.placeholders]
     # Constants of the graph are real tensors: make_fx keeps them as get_attr of the module.
-    gm = make_fx(_interpreter(graph), tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
+    gm = make_fx(_interpreter(graph), decompositions, tracing_mode="fake", _allow_non_fake_inputs=True)(*examples)
     add_tensor_meta(gm)
     return gm
 
@@ -88,8 +113,9 @@ def _interpreter(graph: Graph):
 
 
 def select_ops(names: Sequence[str] | None, dynamic: bool) -> tuple:
-    """The op generators named by ``names`` (all when None): `OPS` for static graphs, `DYNAMIC_OPS` else."""
-    table = {o.name: o for o in (DYNAMIC_OPS if dynamic else OPS)}
+    """The op generators named by ``names`` (all when None): `OPS` and `FILL_OPS` for static graphs,
+    `DYNAMIC_OPS` for dynamic ones."""
+    table = {o.name: o for o in (DYNAMIC_OPS if dynamic else OPS + FILL_OPS)}
     if names is None:
         return tuple(table.values())
     if isinstance(names, str):
@@ -108,16 +134,18 @@ def select_ops(names: Sequence[str] | None, dynamic: bool) -> tuple:
 
 @st.composite
 def fx_cases(draw, dynamic: bool = False, dtypes: Sequence[torch.dtype] | None = None, ops=None,
-             max_inputs: int = 3, max_ops: int = 8) -> FxCase:
-    """A random graph lowered to FX (see the module docstring); ``ops`` as for `select_ops`."""
+             max_inputs: int = 3, max_ops: int = 8, decompositions="core") -> FxCase:
+    """A random graph lowered to FX (see the module docstring); ``ops`` as for `select_ops`,
+    ``decompositions`` as for `decomposition_table`."""
     dtypes = tuple(dtypes or GRAPH_DTYPES)
     chosen = select_ops(ops, dynamic)
+    table = decomposition_table(decompositions)
     if dynamic:
         program = draw(programs(max_inputs=max_inputs, max_ops=max_ops, dtypes=dtypes, ops=chosen))
-        return FxCase(trace_program(program), program.inputs, dict(program.trace_sizes), program)
+        return FxCase(trace_program(program, table), program.inputs, dict(program.trace_sizes), program)
     graph = draw(graphs(max_inputs=max_inputs, max_ops=max_ops, dtypes=dtypes, ops=chosen, all_sinks=True))
     specs = tuple(InputSpec(p.name, p.meta.dtype, tuple(int(s) for s in p.meta.shape)) for p in graph.placeholders)
-    return FxCase(lower_graph(graph), specs, {}, graph)
+    return FxCase(lower_graph(graph, table), specs, {}, graph)
 
 
 @st.composite

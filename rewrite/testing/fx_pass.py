@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import importlib
 import sys
 import time
@@ -51,7 +52,9 @@ from hypothesis import strategies as st
 from ..ops import dtype_str
 from .dynamic import SizeConstraints
 from .equivalence import _storage, compare_tensors, describe_inputs, tolerance
-from .fx_graphs import SIZES_PER_GRAPH, FxCase, case_inputs, case_sizes, fx_cases, select_ops
+from .fx_graphs import (
+    SIZES_PER_GRAPH, FxCase, case_inputs, case_sizes, decomposition_table, fx_cases, select_ops,
+)
 
 __all__ = ["check_fx_pass", "fx_pass_test", "PassCheckReport", "load_pass"]
 
@@ -141,11 +144,15 @@ def _owner_text(owner, names: Sequence[str]) -> str:
     return f"input {names[which]}" if kind == "input" else f"the module's constant self.{which}"
 
 
-def _same_owner(a, b) -> bool:
-    """Owners match: the same input, or both some constant (a pass may rename constants)."""
-    if a is None or b is None:
-        return a is b
-    return a[0] == b[0] and (a[0] == "constant" or a[1] == b[1])
+def _alias_kept(before, after) -> bool:
+    """Whether an output's owner after the pass is acceptable given its owner before.
+
+    The same input, or both some constant (a pass may rename constants); an output that was a view
+    of a constant may become fresh memory (folding it only protects the constant from the caller).
+    """
+    if before is None or after is None:
+        return before is after or (after is None and before[0] == "constant")
+    return before[0] == after[0] and (before[0] == "constant" or before[1] == after[1])
 
 
 def _difference(before: _Run, after: _Run, names: Sequence[str], exact: bool, tol, check_aliasing: bool) -> str | None:
@@ -169,7 +176,7 @@ def _difference(before: _Run, after: _Run, names: Sequence[str], exact: bool, to
     if not check_aliasing:
         return None
     for i, (b, a) in enumerate(zip(before.aliases, after.aliases)):
-        if not _same_owner(b, a):
+        if not _alias_kept(b, a):
             return (f"output {i} is {_owner_text(a, names)} after the pass but was {_owner_text(b, names)} "
                     "before: a caller writing to one would change the other")
     for i, (b, a) in enumerate(zip(before.shared, after.shared)):
@@ -307,20 +314,20 @@ def _tolerance_option(value):
     return False, (rtol, atol)
 
 
-def _probe(pass_fn, takes: str, dynamic: bool, dtypes, ops: tuple) -> tuple[str, ...]:
+def _probe(pass_fn, takes: str, cases: Callable, ops: Sequence[str], dynamic: bool) -> tuple[str, ...]:
     """The op generators the pass reacts to: those whose small one-op graphs it changes or crashes on.
 
     Most passes rewrite a few ops, and among ~40 a given op is in few random graphs, so a pass that
-    rewrites ``x * 0`` would meet a float ``x * 0`` in about one graph in a hundred. One or two tiny
+    rewrites ``x * 0`` would meet a float ``x * 0`` in about one graph in a hundred. A few tiny
     graphs per op (cheap) tell which ops matter; half the graphs are then drawn around those.
     """
     fired = []
     for op in ops:
         hit: list[bool] = []
 
-        @settings(max_examples=1 if dynamic else 2, deadline=None, database=None, derandomize=True,
+        @settings(max_examples=1 if dynamic else 3, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-        @given(fx_cases(dynamic=dynamic, dtypes=dtypes, ops=[op.name], max_ops=3))
+        @given(cases(ops=[op], max_ops=3))
         def probe(case):
             if hit:
                 return
@@ -334,15 +341,15 @@ def _probe(pass_fn, takes: str, dynamic: bool, dtypes, ops: tuple) -> tuple[str,
 
         probe()
         if hit:
-            fired.append(op.name)
+            fired.append(op)
     return tuple(fired)
 
 
 def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = False,
                   dtypes: Sequence[torch.dtype] | None = None, ops: Sequence[str] | None = None,
                   tolerance=None, specials: bool = True, check_aliasing: bool = True, takes: str | None = None,
-                  sizes: int = SIZES_PER_GRAPH, max_ops: int = 8, focus: bool = True, seed: int | None = None,
-                  shrink_seconds: float = 60.0) -> PassCheckReport:
+                  sizes: int = SIZES_PER_GRAPH, max_ops: int = 8, focus: bool = True, decompositions="core",
+                  seed: int | None = None, shrink_seconds: float = 60.0) -> PassCheckReport:
     """Check that ``pass_fn`` keeps the meaning of random graphs; raise AssertionError if it does not.
 
     ``pass_fn(gm)`` gets a ``torch.fx.GraphModule`` of ATen ops with ``meta["val"]`` (FakeTensors)
@@ -368,18 +375,20 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     if examples < 1:
         raise ValueError(f"examples={examples} must be at least 1")
     chosen = [o.name for o in select_ops(ops, dynamic)]  # a bad op name is an error before any work
-    strategy = fx_cases(dynamic=dynamic, dtypes=dtypes, ops=chosen, max_ops=max_ops)
+    table = decomposition_table(decompositions)
+    cases = functools.partial(fx_cases, dynamic=dynamic, dtypes=dtypes, max_ops=max_ops, decompositions=table)
+    strategy = cases(ops=chosen)
     name = getattr(pass_fn, "__qualname__", None) or type(pass_fn).__name__
     report = PassCheckReport(name, dynamic)
     start = time.perf_counter()
-    report.focus = _probe(pass_fn, takes, dynamic, dtypes, select_ops(chosen, dynamic)) if focus else ()
+    report.focus = _probe(pass_fn, takes, cases, chosen, dynamic) if focus else ()
     others = [o for o in chosen if o not in report.focus]
 
     def check_one(data):
         if report.focus and data.draw(st.booleans(), label="around the ops the pass changes"):
             names = list(report.focus) + (data.draw(st.lists(st.sampled_from(others), max_size=4, unique=True))
                                           if others else [])
-            case: FxCase = data.draw(fx_cases(dynamic=dynamic, dtypes=dtypes, ops=names, max_ops=max_ops), label="graph")
+            case: FxCase = data.draw(cases(ops=names), label="graph")
         else:
             case = data.draw(strategy, label="graph")
         before = _snapshot(case.gm)
@@ -388,8 +397,6 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
         except Exception as e:  # noqa: BLE001 - a pass that crashes is a finding, reported with its graph
             raise _failure(name, f"the pass raised {type(e).__name__}: {e}", case, before, None,
                            detail="traceback of the pass:\n" + _traceback_of_pass(e)) from None
-        report.graphs += 1
-        report.changed += after.code != before.code
         names = [n.name for n in before.graph.find_nodes(op="placeholder")]
         constraints = SizeConstraints(before)  # read after the pass: guards it added count
         for assignment in data.draw(case_sizes(case, constraints, sizes), label="sizes"):
@@ -409,6 +416,8 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
             report.runs += 1
             if why:
                 raise _failure(name, why, case, before, after, assignment if case.dynamic else None, inputs, detail)
+        report.graphs += 1  # counted once every run of the graph is compared
+        report.changed += after.code != before.code
 
     test = settings(max_examples=examples, deadline=None, database=None, derandomize=seed is None,
                     suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],

@@ -363,6 +363,20 @@ OPS: tuple[OpGen, ...] = (
 )
 
 
+def _full_like(draw, x, pool, emit):
+    value = _scalar_for(draw, x.meta.dtype) if x.meta.dtype != torch.bool else draw(st.booleans())
+    return aten.full_like.default, (x, value), {}
+
+
+# Tensors of one value shaped like another: what constant-folding passes recognise (``x + zeros``,
+# ``x * ones``). Not in `OPS` (rewrite's own fuzzers draw from OPS); `check_fx_pass` adds them.
+FILL_OPS: tuple[OpGen, ...] = (
+    OpGen("zeros_like", _unary(aten.zeros_like.default)),
+    OpGen("ones_like", _unary(aten.ones_like.default)),
+    OpGen("full_like", _full_like),
+)
+
+
 def _applicable(gen: OpGen, x: Node) -> bool:
     if x.meta.dtype not in gen.dtypes or x.meta.rank < gen.min_rank:
         return False
