@@ -25,8 +25,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15 tests
 
+# Thousands of random graphs: static ones through the optimizer and the backend (test_fuzz.py),
+# dynamic-shape programs through torch.compile and random gears (test_fuzz_dynamic.py).
 fuzz: $(STAMP)
-	HF_HUB_OFFLINE=1 REWRITE_FUZZ_EXAMPLES=5000 $(PY) -m pytest -q tests/test_fuzz.py
+	HF_HUB_OFFLINE=1 REWRITE_FUZZ_EXAMPLES=5000 $(PY) -m pytest -q tests/test_fuzz.py tests/test_fuzz_dynamic.py
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py
