@@ -102,8 +102,8 @@ from typing import Any, Iterable
 
 import torch
 
-from .ops import (ALL_DTYPES, FLOATS, INTS, NO_DEFAULT, OpError, canonical_call, dtype_str, register_target,
-                  schema_default, schema_types, shape_key, splat_key, target_from_name, target_name)
+from .ops import (ALL_DTYPES, FLOATS, INTS, NO_DEFAULT, OpError, canonical_call, dtype_str, is_pointwise,
+                  register_target, schema_default, schema_types, shape_key, splat_key, target_from_name, target_name)
 
 __all__ = [
     "Pattern", "Var", "Lit", "OpPattern", "variables", "op", "aten", "prims",
@@ -861,7 +861,20 @@ class Rule:
             return compiler.multi_rule(ruleset, self.name, scope, lhs, variables, conditions, rhs)
         rhs_is_var = isinstance(self.rhs, Var)
         rhs = scope.var(self.rhs.name) if rhs_is_var else _egglog_term(self.rhs, scope, rhs=True)
-        return compiler.rule(ruleset, self.name, scope, lhs, variables, conditions, rhs, rhs_is_var)
+        return compiler.rule(ruleset, self.name, scope, lhs, variables, conditions, rhs, rhs_is_var,
+                             same_meta=self._swaps_operands())
+
+    def _swaps_operands(self) -> bool:
+        """Whether the replacement is the matched pointwise call with its two tensor operands
+        swapped (``x + y -> y + x``): broadcasting and type promotion are symmetric, so its meta is
+        the matched one's, and the engine may union it without inferring a meta first."""
+        lhs, rhs = self.lhs, self.rhs
+        if not (isinstance(rhs, OpPattern) and rhs.target is lhs.target and is_pointwise(lhs.target)):
+            return False
+        return (len(lhs.args) >= 2 and all(isinstance(a, Var) for a in lhs.args[:2]) and lhs.args[0] != lhs.args[1]
+                and tuple(rhs.args[:2]) == (lhs.args[1], lhs.args[0]) and tuple(rhs.args[2:]) == tuple(lhs.args[2:])
+                and all(same_value(rhs.kwargs[k], v) if not isinstance(v, Pattern) else rhs.kwargs[k] == v
+                        for k, v in lhs.kwargs.items()))
 
     def __repr__(self):
         rhs = getattr(self.rhs, "__name__", "<computed>") if self.is_computed else _fmt(self.rhs)

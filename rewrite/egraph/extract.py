@@ -10,9 +10,8 @@ The selection is Knuth's generalisation of Dijkstra: an e-node becomes a candida
 child e-class already has its choice, so the chosen e-nodes always form a DAG. Sharing makes costs
 non-monotone (three GEMMs merged into one are each charged a third of it, less than the merged
 GEMM itself, which Dijkstra only finalizes after the cheaper originals), so improvement passes
-follow: in children-first order, an e-class switches to an e-node that costs less given what the
-graph already computes, when no chosen path leads from that e-node's children back to it (a
-search pruned by the topological index of the current choice). The optimizer then compares the rebuilt graph's exact DAG cost with the input's and keeps
+follow (`_improve`): e-classes switch, alone or together with the others that read the same new
+value, where the graph's marginal cost goes down. The optimizer then compares the rebuilt graph's exact DAG cost with the input's and keeps
 the cheaper.
 
 Compile-time terms cost nothing: an e-class whose choice is a constant, a literal, or a call whose
@@ -56,9 +55,17 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     best: dict[str, tuple[float, int]] = {}
     known: dict = {}  # e-class computed at compile time -> its elements if it comes from frozen weights, else 0
     own_cache: dict = {}
+    calls: dict = {}  # (class, index) -> the call's key (op name and metas), read off the snapshot once
     heap: list = []
     counter = 0
     pinned_cost = dispatch_overhead()
+
+    def call_key(cls: str, i: int, node) -> tuple:
+        key = calls.get((cls, i))
+        if key is None:
+            op_name, arg_classes, _ = dec.call_parts(node)
+            key = calls[(cls, i)] = (op_name, snap.meta_key(cls), tuple(snap.meta_key(c) for c in arg_classes))
+        return key
 
     def own(cls: str, i: int) -> tuple[float, int | None]:
         """(run-time cost, None or the weight elements it holds when computed at compile time)."""
@@ -67,9 +74,7 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
         folds = all(c in known for c in children)
         weights = sum(known[c] for c in children) if folds else 0
         if is_call(node.op):
-            op_name, arg_classes, _ = dec.call_parts(node)
-            out_key = snap.meta_key(cls)
-            in_keys = tuple(snap.meta_key(c) for c in arg_classes)
+            op_name, out_key, in_keys = call_key(cls, i, node)
             key = (op_name, out_key, in_keys, folds, weights)
             if key not in own_cache:
                 metas = tables.metas
@@ -116,12 +121,12 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     if missing:
         raise ExtractionError(f"no acyclic term for e-classes {missing[:5]}")
     choice = {cls: i for cls, (_, i) in best.items()}
-    _improve(choice, {cls: len(nodes) for cls, nodes in classes.items()}, kids, share, own, known, roots)
+    _improve(choice, classes.__getitem__, kids, readers, own, known, roots)
     return {cls: classes[cls][i] for cls, i in choice.items()}
 
 
-IMPROVEMENT_PASSES = 4
-MAX_REORDERS = 256  # topological re-sorts per extraction (one after each switch that needs a cycle check)
+IMPROVEMENT_PASSES = 2
+MAX_MOVES = 256  # switches per extraction (each re-sorts the choice topologically: O(graph))
 
 
 def _topological(choice: dict, kids: dict) -> dict:
@@ -147,7 +152,7 @@ def _reaches(starts, target, choice: dict, kids: dict, index: dict) -> bool:
     """Whether a chosen path leads from ``starts`` to ``target``; every class on such a path comes
     after ``target`` in the children-first ``index``, which prunes the search to a small region."""
     bound = index[target]
-    stack, seen = [c for c in starts if index[c] >= bound], set()
+    stack, seen = [c for c in starts if index.get(c, bound) >= bound], set()
     while stack:
         cls = stack.pop()
         if cls == target:
@@ -155,7 +160,7 @@ def _reaches(starts, target, choice: dict, kids: dict, index: dict) -> bool:
         if cls in seen:
             continue
         seen.add(cls)
-        stack.extend(c for c in kids[(cls, choice[cls])] if index[c] >= bound)
+        stack.extend(c for c in kids[(cls, choice[cls])] if index.get(c, bound) >= bound)
     return False
 
 
@@ -172,56 +177,102 @@ def _reachable(starts, choice: dict, kids: dict, seen: set) -> set:
     return new
 
 
-def _improve(choice: dict, sizes: dict, kids: dict, share: dict, own, known: dict, roots: list) -> None:
-    """Switch e-classes to e-nodes that cost less in the graph as chosen so far (see the module doc).
+def _new_values(starts, choice: dict, kids: dict, live: set) -> list:
+    """The chosen e-classes reachable from ``starts`` that the graph does not compute yet."""
+    out, seen, stack = [], set(), [c for c in starts if c not in live]
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        out.append(cls)
+        stack.extend(c for c in kids[(cls, choice[cls])] if c not in live and c not in seen)
+    return out
 
-    Costs are marginal: what the graph already computes (``live``) is free to read, and what only
-    the current choice reads (read once) is saved by leaving it; what the graph does not compute
-    yet is charged its share-based estimate. So once one member of a merged GEMM reads the merge,
-    its siblings read it too instead of each keeping a merge of its own.
+
+def _best_move(cls, choice, nodes_of, kids, readers, own, live, saved, fits):
+    """The switch of ``cls`` (with the others joining it) that saves the most, or None."""
+    op, chosen = nodes_of(cls)[choice[cls]].children[:1], set(kids[(cls, choice[cls])])
+    best, best_gain = None, 1e-12
+    for i in range(len(nodes_of(cls))):
+        children = kids[(cls, i)]
+        if i == choice[cls] or not fits(cls, i):
+            continue
+        if nodes_of(cls)[i].children[:1] == op and set(children) == chosen:
+            continue  # the same op on the same values (x + y, y + x): costs the same
+        new = _new_values(children, choice, kids, live)
+        added = set(new)
+        keep = {k for c in (*children, *new) for k in (c, *kids[(c, choice[c])])}  # what the new choice still reads
+        move = {cls: i}
+        gain = saved(cls, keep) - own(cls, i)[0] - sum(own(c, choice[c])[0] for c in new)
+        for c in new:  # others that could read the new values
+            for p, j in readers.get(c, ()):
+                if p in live and p not in move and j != choice[p] and fits(p, j):
+                    extra = [e for e in _new_values(kids[(p, j)], choice, kids, live) if e not in added]
+                    g = saved(p, keep) - own(p, j)[0] - sum(own(e, choice[e])[0] for e in extra)
+                    if g > 0:
+                        move[p], gain = j, gain + g
+                        added.update(extra)
+        if gain > best_gain:
+            best, best_gain = (move, children), gain
+    return best
+
+
+def _improve(choice: dict, nodes_of, kids: dict, readers: dict, own, known: dict, roots: list) -> None:
+    """Switch e-classes, alone or in groups, where the graph as chosen so far gets cheaper.
+
+    A candidate e-node that reads values the graph does not compute yet (a merged GEMM and its
+    split) costs those values in full; every other e-class with an e-node reading them joins the
+    move when that alone saves it something (the other members of the merge). The move is made
+    when the graph's cost goes down: the candidates' own costs and the new values against the
+    current choices and what only they read. So three GEMMs become one merged GEMM when the three
+    together gain, and a fourth sibling does not pay for a merge that only it would read.
+
+    No cycle: a class switches to an e-node only when no chosen path leads from the e-node's
+    children back to the class (a search pruned by a topological index of the current choice,
+    sorted again after each move).
     """
-    reorders = 0
+    moves = 0
     for _ in range(IMPROVEMENT_PASSES):
-        index = _topological(choice, kids)
-        order = sorted(index, key=index.__getitem__)
-        cost: dict = {}
-        for cls in order:
-            cost[cls] = own(cls, choice[cls])[0] + sum(cost[c] / share[c] for c in kids[(cls, choice[cls])])
         live: set = set()
         _reachable([r for r in roots if r in choice], choice, kids, live)
-        readers: dict = {}  # live e-class -> how many live choices read it
+        index = _topological(choice, kids)
+        reads: dict = {}  # e-class -> how many live choices read it
         for cls in live:
             for c in kids[(cls, choice[cls])]:
-                readers[c] = readers.get(c, 0) + 1
-        switched = stale = False
-        for cls in order:
-            if cls not in live:
+                reads[c] = reads.get(c, 0) + 1
+
+        def saved(cls, keep):
+            """What leaving the current choice of ``cls`` saves: its own cost, and that of the
+            children only it reads (unless the replacement reads them too: ``keep``)."""
+            return own(cls, choice[cls])[0] + sum(own(c, choice[c])[0] for c in kids[(cls, choice[cls])]
+                                                  if reads.get(c, 0) == 1 and c not in keep)
+
+        def fits(cls, i) -> bool:
+            return not _reaches(kids[(cls, i)], cls, choice, kids, index)
+
+        switched = False
+        for cls in sorted(live, key=index.__getitem__):
+            best = _best_move(cls, choice, nodes_of, kids, readers, own, live, saved, fits)
+            if best is None:
                 continue
-            chosen = kids[(cls, choice[cls])]
-            current = own(cls, choice[cls])[0] + sum(cost[c] for c in chosen if readers.get(c, 0) == 1)
-            for i in range(sizes[cls]):
-                children = kids[(cls, i)]
-                if i == choice[cls] or any(c not in cost for c in children):
-                    continue
-                own_cost, folds = own(cls, i)
-                candidate = own_cost + sum(0.0 if c in live else cost[c] / share[c] for c in children)
-                if candidate >= current * (1 - 1e-9) - 1e-15:
-                    continue
-                if stale:
-                    if reorders >= MAX_REORDERS:
-                        return
-                    index, stale, reorders = _topological(choice, kids), False, reorders + 1
-                if _reaches(children, cls, choice, kids, index):
-                    continue
-                for c in kids[(cls, choice[cls])]:
-                    readers[c] -= 1
-                choice[cls], current, switched, stale = i, candidate, True, True
+            move, children = best
+            for p, j in move.items():
+                for c in kids[(p, choice[p])]:
+                    reads[c] -= 1
+                choice[p] = j
+                folds = own(p, j)[1]
                 if folds is not None:
-                    known[cls] = folds
+                    known[p] = folds
                 else:
-                    known.pop(cls, None)
-                for reader in _reachable(children, choice, kids, live) | {cls}:  # what now reads what
-                    for c in kids[(reader, choice[reader])]:
-                        readers[c] = readers.get(c, 0) + 1
+                    known.pop(p, None)
+            for p in [*_reachable(children, choice, kids, live), *move]:  # what now reads what
+                for c in kids[(p, choice[p])]:
+                    reads[c] = reads.get(c, 0) + 1
+            switched, moves = True, moves + 1
+            if moves >= MAX_MOVES:
+                return
+            index.clear()
+            index.update(_topological(choice, kids))
         if not switched:
             return

@@ -21,6 +21,7 @@ from .snapshot import Snapshot
 from .terms import TERM_CONSTRUCTORS, Tables, is_call
 
 log = logging.getLogger("rewrite")
+META_BATCH = 8  # meta commands per egglog program: each costs ~0.1 ms however they are grouped, and long programs parse slowly
 
 
 @dataclasses.dataclass
@@ -134,8 +135,8 @@ class Saturator:
                     meta = self._infer(cls, snap, dec, memo, cmds)
                     if meta is None:
                         self._failed_classes.add(cls)
-        for i in range(0, len(cmds), 64):
-            _run(self.egraph, "".join(cmds[i:i + 64]))
+        for i in range(0, len(cmds), META_BATCH):
+            _run(self.egraph, "".join(cmds[i:i + META_BATCH]))
         result.metas_inferred += sum(1 for c in cmds if c.startswith("(set (meta"))
         before = egraph_size(self.egraph)
         report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report

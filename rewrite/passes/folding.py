@@ -18,7 +18,7 @@ import logging
 import sympy
 import torch
 
-from ..cost import foldable_target, folds_at_compile_time, is_weight, numel
+from ..cost import call_inputs, foldable_target, folds_at_compile_time, is_weight, numel
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value
 from ..ops import is_overload
 
@@ -48,12 +48,12 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
     waited = graph.waited_on()
     kept: list[Node] = []
     for node in graph.nodes:
-        if replaced and any(i.id in replaced for i in node.inputs):
+        if replaced and any(i.id in replaced for i in call_inputs(node)):
             node.args = map_nodes(node.args, swap)
             node.kwargs = map_nodes(node.kwargs, swap)
         const = None
         if node.kind == "call" and node.id not in waited:
-            inputs = node.inputs
+            inputs = call_inputs(node)
             if (all(i.kind == "constant" for i in inputs) and can_fold(node)
                     and _fits(node, sum(numel(i.meta) for i in inputs if is_weight(i)), size_limit)):
                 const = _evaluate(node)
