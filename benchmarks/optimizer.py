@@ -1,17 +1,28 @@
-"""Optimization time (load, saturate, extract) against graph size, and op counts before/after.
+"""Optimization time against graph size, and what the optimizer buys: a latency table on real models.
 
-Synthetic graphs of N nodes repeat a block with work for every family of the optimizer: a common
-subexpression, a double negation, a multiplication by one, a view to the same shape, a constant
-subexpression to fold, and a dead branch of ops. Real models go through the whole backend
-(``rewrite.explain``), so their times are those of the optimizer inside torch.compile.
+Part 1, optimize time: synthetic graphs of N nodes repeat a block with work for every family of
+the optimizer (a common subexpression, a double negation, a multiplication by one, a view to the
+same shape, a constant subexpression to fold, a dead branch of ops). Real models go through the
+whole backend (``rewrite.explain``), so their times are those of the optimizer inside torch.compile.
+
+Part 2, latency (``--latency``): frozen weights, paired medians in one run (the variants take turns
+call by call), static shapes: eager, Inductor's default compile, Inductor with ``freezing=True``,
+rewrite with this issue's rule families switched off by name (`ISSUE_RULES`), rewrite's default.
+Models: MiniLM (real weights), BERT-base and GPT-2 (base configs, random weights), a small GPT-2
+(2 layers, 64 wide: overhead-bound), ViT (small config, 32x32 images); batch 1, 4, 16, seq 32.
+The predicted speed-up of the rules (the calibrated cost model's rules-off / rules-on graph cost)
+is printed beside the measured one.
 
     .venv/bin/python benchmarks/optimizer.py                    # 1k, 10k, 50k nodes + real models
     .venv/bin/python benchmarks/optimizer.py --sizes 1000,10000 --models bert
+    .venv/bin/python benchmarks/optimizer.py --sizes "" --models "" --latency   # the latency table
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import statistics
 import time
 
 import sympy
@@ -83,12 +94,151 @@ def run_model(name: str) -> dict:
     return row
 
 
+# The rule families issue 18 added, switched off by name for the "rules off" column.
+ISSUE_RULES = ["gemm", "fused", "algebra.identity_chains", "shape.fresh_copies", "shape.pointwise_reshapes"]
+LATENCY_MODELS = {  # name -> (builder, input maker)
+    "minilm": (models.minilm, lambda b: models.token_batch(b, 32, vocab=30522)),
+    "bert-base": (lambda: models.bert(layers=12, hidden=768, heads=12, vocab=30522),
+                  lambda b: models.token_batch(b, 32, vocab=30522)),
+    "gpt2-base": (lambda: models.gpt2(layers=12, hidden=768, heads=12, vocab=50257),
+                  lambda b: models.token_batch(b, 32, vocab=50257)),
+    "gpt2-small": (models.gpt2, lambda b: models.token_batch(b, 32)),
+    "vit": (models.vit, lambda b: torch.randn(b, 3, 32, 32, generator=torch.Generator().manual_seed(0))),
+}
+VARIANTS = ("eager", "inductor", "inductor-freezing", "rewrite-rules-off", "rewrite")
+
+
+def _compiled(model, variant: str, x):
+    """(callable, compile seconds, rewrite report or None) of one variant; the first call compiles."""
+    if variant == "eager":
+        return model, 0.0, None
+    if variant.startswith("inductor"):  # options make the freezing compile a backend of its own
+        fn = torch.compile(model, dynamic=False, options={"freezing": True} if variant == "inductor-freezing" else None)
+        t0 = time.perf_counter()
+        fn(x)
+        return fn, time.perf_counter() - t0, None
+    config = CompilerConfig()
+    config.experimental_config.frozen_parameter = True
+    if variant == "rewrite-rules-off":
+        config.rules.disabled = list(ISSUE_RULES)
+    backend = rewrite_backend(config)
+    fn = torch.compile(model, backend=backend, dynamic=False)
+    t0 = time.perf_counter()
+    fn(x)
+    return fn, time.perf_counter() - t0, backend.report
+
+
+def latency_rows(names, batches, repeat: int) -> list[dict]:
+    torch._dynamo.config.cache_size_limit = 64
+    rows = []
+    for name in names:
+        build, make = LATENCY_MODELS[name]
+        model = build()
+        for b in batches:
+            x = make(b)
+            torch._dynamo.reset()
+            with torch.no_grad():
+                fns = {v: _compiled(model, v, x) for v in VARIANTS}
+                want = model(x)[0]
+                for v, (fn, _, _) in fns.items():  # every variant computes what eager computes
+                    torch.testing.assert_close(fn(x)[0], want, atol=1e-3, rtol=1e-3)
+                samples = {v: [] for v in VARIANTS}
+                for _ in range(repeat):
+                    for v, (fn, _, _) in fns.items():
+                        t0 = time.perf_counter()
+                        fn(x)
+                        samples[v].append(time.perf_counter() - t0)
+            med = {v: statistics.median(t) for v, t in samples.items()}
+            off, on = fns["rewrite-rules-off"][2], fns["rewrite"][2]
+            predicted = off.graphs[0].predicted_cost[1] / on.graphs[0].predicted_cost[1]
+            row = {"model": name, "batch": b, **{v: med[v] for v in VARIANTS},
+                   **{f"compile {v}": fns[v][1] for v in VARIANTS if v != "eager"},
+                   "predicted": predicted, "measured": med["rewrite-rules-off"] / med["rewrite"]}
+            rows.append(row)
+            print(" | ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    return rows
+
+
+def rewrite_backend(config):
+    from rewrite.backend import get_backend
+
+    return get_backend(config)
+
+
+def latency_section(rows: list[dict], repeat: int, load_before: str) -> str:
+    headers = ["model", "batch", *(f"{v} ms" for v in VARIANTS), "rewrite / inductor", "compile s (inductor, freezing, rewrite)",
+               "rules on vs off: predicted, measured"]
+    table = markdown_table(headers, [
+        [r["model"], r["batch"], *(f"{r[v] * 1e3:.3f}" for v in VARIANTS), f"{r['rewrite'] / r['inductor']:.2f}x",
+         f"{r['compile inductor']:.1f}, {r['compile inductor-freezing']:.1f}, {r['compile rewrite']:.1f}",
+         f"{r['predicted']:.2f}x, {r['measured']:.2f}x"] for r in rows])
+    at_or_below = [f"{r['model']} b{r['batch']}" for r in rows if r["rewrite"] <= r["inductor"]]
+    half_compile = [f"{r['model']} b{r['batch']}" for r in rows if r["compile rewrite"] <= r["compile inductor"] / 2]
+    return "\n".join([
+        "## Latency: what the rules buy on real models (frozen weights, static shapes)",
+        "",
+        f"Command: `.venv/bin/python benchmarks/optimizer.py --sizes \"\" --models \"\" --latency --repeat {repeat}"
+        f"{f' --threads {torch.get_num_threads()}' if torch.get_num_threads() != os.cpu_count() else ''}`",
+        "",
+        machine_line() + f"; load average before: {load_before}, after: {_load()}",
+        f"Median of {repeat} calls per variant, the variants taking turns call by call. 'rewrite-rules-off': "
+        f"config.rules.disabled = {ISSUE_RULES}. 'predicted': the calibrated cost model's rules-off / rules-on "
+        "graph cost; 'measured': rules-off / rules-on latency. Compile time: the first call.",
+        "",
+        table,
+        "",
+        f"- rewrite at or below Inductor's default compile: {len(at_or_below)}/{len(rows)} rows ({', '.join(at_or_below) or 'none'})",
+        f"- rewrite's compile time at most half of Inductor's: {len(half_compile)}/{len(rows)} rows",
+        "",
+        "Plot: benchmarks/optimizer_latency.png",
+    ])
+
+
+def latency_plot(rows: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    labels = [f"{r['model']}\nb{r['batch']}" for r in rows]
+    width = 0.8 / (len(VARIANTS) - 1)
+    for k, v in enumerate(VARIANTS[1:]):
+        ax.bar([i + k * width for i in range(len(rows))], [r[v] / r["eager"] for r in rows], width, label=v)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels, fontsize=7)
+    ax.set_ylabel("latency / eager (lower is faster)")
+    ax.set_title("rewrite's rules vs Inductor (CPU, frozen weights)")
+    ax.legend(fontsize=7)
+    save_plot(fig, "optimizer_latency.png")
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,10000,50000", help="synthetic graph sizes (nodes)")
     ap.add_argument("--models", default="bert,gpt2,minilm,vit", help="real models from rewrite.models")
+    ap.add_argument("--latency", action="store_true", help="also the latency table (minutes: compiles with Inductor)")
+    ap.add_argument("--latency-models", default=",".join(LATENCY_MODELS))
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.getLogger("rewrite").setLevel(logging.ERROR)
+    if args.latency:
+        load_before = _load()
+        rows = latency_rows([m for m in args.latency_models.split(",") if m], [int(b) for b in args.batches.split(",")],
+                            args.repeat)
+        section = latency_section(rows, args.repeat, load_before)
+        print(section)
+        latency_plot(rows)
+        record_section("optimizer-latency", section)
+    if not args.sizes and not args.models:
+        return
     optimize(synthetic(100), CompilerConfig(), GraphReport("warmup"))  # declare the rules once
 
     rows = [run_synthetic(int(n)) for n in args.sizes.split(",") if n]
