@@ -290,6 +290,24 @@ def test_graph_passes_get_the_graph():
     assert set(seen) == {torch.fx.Graph}
 
 
+def test_inductor_custom_graph_passes_are_called_with_the_graph():
+    # What config.post_grad_custom_pre_pass / post_grad_custom_post_pass hold: Inductor calls them
+    # with gm.graph, and so does check_fx_pass.
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class DropClone(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            for node in list(graph.find_nodes(op="call_function", target=aten.clone.default)):
+                node.replace_all_uses_with(node.args[0])
+                graph.erase_node(node)
+
+        def uuid(self):
+            return "drop-clone"
+
+    with pytest.raises(AssertionError, match=r"DropClone is unsound: output \d is input"):
+        check_fx_pass(DropClone(), examples=40, ops=["clone"], shrink_seconds=5)
+
+
 # -- the graphs passes get -----------------------------------------------------------------------
 
 @settings(max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))

@@ -2,7 +2,7 @@
 
 A rewrite is only worth having if it never changes a result, and the cases that break rewrites
 (NaN, +-inf, -0.0, the extreme integers, odd layouts) are the ones hand-written tests forget. So
-this package draws them on purpose, in three modules:
+this package draws them on purpose:
 
 * `strategies`: `graphs()` draws random valid `Graph`s over the ops in `OPS`; `graph_inputs(graph)`
   draws inputs for one, seasoned with those special values; `tensors`, `make_tensor`,
@@ -12,7 +12,11 @@ this package draws them on purpose, in three modules:
   the output and the elements that differ;
 * `rule_checking`: `check_rule(rule)` / `check_ruleset_module(name)` instantiate a rule's pattern
   with random shapes, dtypes and values that satisfy its conditions and compare both sides bit for
-  bit (NaN matches NaN, -0.0 must stay -0.0), printing a counterexample when they differ.
+  bit (NaN matches NaN, -0.0 must stay -0.0), printing a counterexample when they differ;
+* `fx_pass`: `check_fx_pass(pass_fn)` does the same for any torch.fx pass (Inductor style or
+  not) on random graphs lowered to FX with FakeTensor metadata (`fx_graphs`), static or with
+  symbolic sizes (`dynamic`: random programs traced by make_fx, run at several valid sizes),
+  comparing outputs, input mutations and aliasing; `fx_pass_test` makes a pytest test of it.
 
 Checking a rule of your own::
 
@@ -23,7 +27,8 @@ Checking a rule of your own::
     # AssertionError: rule ... is unsound: ... expected -0.0, got 0.0
     # counterexample:  x = float16[]: -0.0
 
-``python -m rewrite check-rules mypkg.my_rules`` does the same for every rule of a module.
+``python -m rewrite check-rules mypkg.my_rules`` does the same for every rule of a module, and
+``python -m rewrite check-pass mypkg.passes:my_pass`` checks an FX pass (see `check_fx_pass`).
 """
 from .equivalence import (
     assert_equivalent, compare_outputs, compare_tensors, describe_inputs, input_aliases, run_graph, tolerance,
@@ -34,7 +39,7 @@ from .rule_checking import (
     SCALAR_CANDIDATES, ModuleCheckReport, RuleCheckReport, check_rule, check_ruleset, check_ruleset_module,
 )
 from .strategies import (
-    ALL_DTYPES, FLOAT_DTYPES, GRAPH_DTYPES, INT_DTYPES, MAX_DIM, MAX_RANK, OPS, OpGen, fuzz_examples,
+    ALL_DTYPES, FILL_OPS, FLOAT_DTYPES, GRAPH_DTYPES, INT_DTYPES, MAX_DIM, MAX_RANK, OPS, OpGen, fuzz_examples,
     graph_inputs, graphs, infer_meta, make_tensor, permutations_of, reshapes, shape_of, shapes, special_values,
     tensors,
 )
@@ -44,6 +49,7 @@ __all__ = [
     "INT_DTYPES",
     "ALL_DTYPES",
     "OPS",
+    "FILL_OPS",
     "tensors",
     "graphs",
     "graph_inputs",

@@ -3,7 +3,8 @@
 An FX pass reads more than ops: ``node.meta["val"]`` (a FakeTensor, symbolic under dynamic shapes:
 shapes, strides, storage sharing), ``node.meta["tensor_meta"]``, ``sym_size`` nodes. A graph drawn
 for a pass must carry all of it, or a pass either crashes for the wrong reason or never fires. So
-graphs are not built as FX by hand: a static graph drawn by `graphs()` is traced by ``make_fx(tracing_mode="fake")``, and a dynamic one is a random program (`programs()`)
+graphs are not built as FX by hand: a static graph drawn by `graphs()` is traced by
+``make_fx(tracing_mode="fake")``, and a dynamic one is a random program (`programs()`)
 traced with ``make_fx(tracing_mode="symbolic")``, both with a decomposition table (core ATen by
 default, or Inductor's). That gives the ATen graph AOTAutograd would give (``reshape`` as ``view``
 or ``_unsafe_view``, ``zeros_like`` as ``full_like``...), metadata on every node, and, for dynamic

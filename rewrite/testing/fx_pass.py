@@ -87,7 +87,8 @@ class PassCheckReport:
         text = (f"{self.name}: ok on {self.graphs} random {kind} graphs ({self.changed} changed by the pass), "
                 f"{self.runs} runs compared bit for bit or within tolerance, {self.seconds:.1f} s")
         if self.focus:
-            text += f"\n  the pass changed one-op graphs of: {', '.join(self.focus)} (half the graphs were drawn around them)"
+            text += (f"\n  the pass changed one-op graphs of: {', '.join(self.focus)} "
+                     "(half the graphs were drawn around them)")
         if not self.changed:
             text += ("\n  note: the pass changed none of the graphs, so this says little; "
                      "draw graphs it rewrites (ops=..., dtypes=...)")
@@ -355,16 +356,20 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     ``pass_fn(gm)`` gets a ``torch.fx.GraphModule`` of ATen ops with ``meta["val"]`` (FakeTensors)
     and ``meta["tensor_meta"]`` on its nodes, and returns a GraphModule or changes ``gm`` in place
     and returns None (``takes="graph"``: it gets ``gm.graph``, as Inductor's graph passes do;
-    Inductor ``CustomGraphPass`` objects are called that way automatically).
+    Inductor ``CustomGraphPass`` objects are called that way automatically). Graphs are traced
+    with ``decompositions``: ``"core"`` (the core ATen opset), ``"inductor"`` (what Inductor's
+    post-grad passes see), None, or a decomposition table.
 
     ``examples`` graphs are drawn (over ``dtypes`` and the op generators named in ``ops``: names
-    from `rewrite.testing.OPS`, or from `rewrite.testing.dynamic.DYNAMIC_OPS` with ``dynamic``);
-    with ``dynamic`` each graph has symbolic sizes and runs at ``sizes`` size assignments its guards
-    allow. With ``focus`` (the default) the pass first runs on a tiny graph of each op, and half the
-    graphs are then drawn around the ops it changed (`PassCheckReport.focus`). Outputs and mutated inputs are compared bit for bit, or with ``tolerance="dtype"`` /
-    ``(rtol, atol)`` within a tolerance (for passes that reassociate; ``specials=False`` leaves out
-    NaN/inf/extremes, which reassociation legitimately changes). Draws are the same every run
-    unless ``seed`` is given. Shrinking a failure stops after about ``shrink_seconds``.
+    from `rewrite.testing.OPS` and `FILL_OPS`, or from `rewrite.testing.dynamic.DYNAMIC_OPS` with
+    ``dynamic``); with ``dynamic`` each graph has symbolic sizes and runs at ``sizes`` size
+    assignments its guards allow. With ``focus`` (the default) the pass first runs on tiny graphs
+    of each op, and half the graphs are then drawn around the ops it changed
+    (`PassCheckReport.focus`). Outputs and mutated inputs are compared bit for bit, or with
+    ``tolerance="dtype"`` / ``(rtol, atol)`` within a tolerance (for passes that reassociate;
+    ``specials=False`` leaves out NaN/inf/extremes, which reassociation legitimately changes);
+    ``check_aliasing=False`` skips the memory-sharing checks. Draws are the same every run unless
+    ``seed`` is given. Shrinking a failure stops after about ``shrink_seconds``.
     Returns a `PassCheckReport` when every graph agreed.
     """
     exact, tol = _tolerance_option(tolerance)
