@@ -123,6 +123,7 @@ class StaticKernels:
         self.context = {"torch": torch.__version__, "device": compiler.device_key(), "generator": cgen.VERSION}
         self.pending: dict[str, dict] = {}  # key -> signature, for the next build
         self.signatures: dict[str, dict] = {}  # key -> signature, of every kernel decided on
+        self._unsupported: set[str] = set()  # keys the generator has no kernel for
         self.gemm = compiler.blas_available()
         self.enabled = compiler.compiler_available()
         if not self.enabled:
@@ -143,10 +144,16 @@ class StaticKernels:
             return None
         if self._packable(node, sig, obs):
             sig["args"].append([cgen.PACKED, True])
-        if any(o["size"] and 0 in o["size"] for o in sig["outputs"]) or cgen.generate(sig, "k_probe") is None:
-            return None
         key = signature.kernel_key(sig, self.context)
-        self.pending[key] = self.signatures[key] = sig
+        if key in self._unsupported:
+            return None
+        if key not in self.signatures:
+            if any(o["size"] and 0 in o["size"] for o in sig["outputs"]) or cgen.generate(sig, "k_probe") is None:
+                self._unsupported.add(key)
+                return None
+            self.signatures[key] = sig
+        if key not in _loaded.addresses:
+            self.pending[key] = sig
         return key
 
     def _packable(self, node: Node, sig: dict, obs) -> bool:
