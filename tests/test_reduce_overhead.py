@@ -278,3 +278,52 @@ def test_cuda_graph_per_gear_with_capture_limit(caplog):
             compiled(torch.randn(rows, 16, device="cuda"))
             torch.testing.assert_close(out, kept)  # a replay did not overwrite what the caller holds
     assert "capture_limit" in caplog.text and "captured (2 of at most 2" in caplog.text
+
+
+def test_inference_graphs_skip_aot_wrapper_only_when_it_does_nothing(monkeypatch):
+    import rewrite.exec as rexec
+
+    decided = []
+    original = rexec.direct_call
+
+    def spy(fn, example_inputs):
+        out = original(fn, example_inputs)
+        decided.append(out is not None)
+        return out
+
+    monkeypatch.setattr(rexec, "direct_call", spy)
+    backend = rewrite.get_backend(_config("reduce-overhead"))
+
+    def plain(x):
+        return torch.tanh(x) * 2
+
+    def aliasing(x):
+        return x.view(-1), torch.tanh(x)  # an output that is a view of an input: AOT regenerates it
+
+    x = torch.randn(3, 4)
+    for fn, direct in ((plain, True), (aliasing, False)):
+        decided.clear()
+        compiled = torch.compile(fn, backend=backend, fullgraph=True)
+        torch.testing.assert_close(compiled(x), fn(x))
+        with torch.enable_grad():  # an inference graph may be called with grad on
+            torch.testing.assert_close(compiled(x), fn(x))
+        assert decided and all(d == direct for d in decided), (fn.__name__, decided)
+    out = compiled(x)
+    assert out[0]._base is x  # still a view of the input, as eager returns it
+
+
+def test_outputs_carry_aot_dynamic_marks_without_its_wrapper():
+    """AOTAutograd's wrapper marks geared outputs dynamic for later Dynamo frames; the direct call does too."""
+    def f(x):
+        return torch.relu(x) + 1
+
+    marks = {}
+    for mode in ("max-autotune", "reduce-overhead"):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend=rewrite.get_backend(_config(mode)), fullgraph=True)
+        x = torch.randn(8, 4)
+        rewrite.inference.set_dim_gears(x, {0: [2, 4, 8]})
+        out = compiled(x)
+        torch.testing.assert_close(out, f(x))
+        marks[mode] = getattr(out, "_dynamo_propagated_dynamic_indices", None)
+    assert marks["reduce-overhead"] == marks["max-autotune"] == {0}
