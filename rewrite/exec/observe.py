@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torch.fx.node import map_aggregate
 
 from ..fx_bridge import CompileError
-from ..ir import Graph, Node, SymMeta, TensorMeta, map_nodes
+from ..ir import Graph, Node, SymMeta, TensorMeta
 
 __all__ = ["Layout", "TensorFact", "Observation", "observe", "synthesize_inputs", "layout_of"]
 
@@ -106,29 +107,19 @@ def synthesize_inputs(graph: Graph) -> list:
 def _evaluate(graph: Graph, inputs: list, order: list, subgraph_compiler) -> dict:
     env: dict = {}
     it = iter(inputs)
-    get = lambda n: env[n.id]  # noqa: E731
+
+    def value(a):  # a node's value, a subgraph's callable, anything else itself
+        return env[a.id] if isinstance(a, Node) else subgraph_compiler(a) if isinstance(a, Graph) else a
+
     for n in order:
         if n.kind == "placeholder":
             env[n.id] = next(it)
         elif n.kind == "constant":
             env[n.id] = n.value
         elif n.kind == "call":
-            args = _bind_subgraphs(map_nodes(n.args, get), subgraph_compiler)
-            kwargs = _bind_subgraphs(map_nodes(n.kwargs, get), subgraph_compiler)
+            args, kwargs = map_aggregate((n.args, dict(n.kwargs)), value)
             env[n.id] = n.target(*args, **kwargs)
     return env
-
-
-def _bind_subgraphs(obj, compile_subgraph):
-    if isinstance(obj, Graph):
-        return compile_subgraph(obj)
-    if isinstance(obj, tuple):
-        return tuple(_bind_subgraphs(x, compile_subgraph) for x in obj)
-    if isinstance(obj, list):
-        return [_bind_subgraphs(x, compile_subgraph) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _bind_subgraphs(v, compile_subgraph) for k, v in obj.items()}
-    return obj
 
 
 def observe(graph: Graph, inputs: list, order: list | None = None) -> Observation:

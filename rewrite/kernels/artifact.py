@@ -25,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
+import io
 import json
 import os
 import re
 import stat
 import zipfile
 
+from ..utils import atomic_write_bytes
 from . import trust
 from .signature import SignatureError, check, kernel_key
 
@@ -81,21 +83,14 @@ def write(folder: str, kernels: dict, context: dict, source: str, library: bytes
         "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()},
     }
     text = json.dumps(manifest, sort_keys=True, indent=1).encode()
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("manifest.json", text)
+        z.writestr("manifest.hmac", trust.sign(text).encode())
+        for name, data in files.items():
+            z.writestr(name, data)
     path = os.path.join(folder, file_name())
-    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
-            z.writestr("manifest.json", text)
-            z.writestr("manifest.hmac", trust.sign(text).encode())
-            for name, data in files.items():
-                z.writestr(name, data)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, archive.getvalue())  # a temporary name no reader looks for, then a rename
     return path
 
 
