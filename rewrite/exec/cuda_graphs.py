@@ -23,8 +23,10 @@ Per gear (`CapturedGear`):
   from the current (capture) stream with events and joins them before returning, which is the
   fork/join pattern stream capture records.
 
-Replays of one gear are serialised (the static buffers are shared); replays of different gears
-may run concurrently from different threads. None of this has run on a GPU in this project's CI.
+Gears share the pool, so replays of one compiled function are serialised (a lock, and every
+replay, with its input copies and output copies, is issued on the function's capture stream; the
+caller's stream waits for it). A graph whose capture fails runs uncaptured, with a warning. None of
+this has run on a GPU in this project's CI.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ class CudaGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(device=device)
         self.captured = 0
-        self.lock = threading.Lock()  # one capture at a time (a CUDA requirement)
+        self.lock = threading.Lock()  # one capture or replay at a time: gears share the pool
 
     def wrap(self, graph: Graph, fn):
         return CapturedGear(self, graph, fn)
@@ -84,10 +86,10 @@ class CapturedGear:
         self.static_outputs = None
         self.weight_ptrs: dict[int, int] = {}
         self.refused = False
-        self.lock = threading.Lock()
 
     def __call__(self, *args):
-        with self.lock:
+        # Gears share the pool: one replay at a time per compiled function, all issued on its stream.
+        with self.graphs.lock:
             self.calls += 1
             if self.cuda_graph is not None and not self._weights_moved(args):
                 return self._replay(args)
@@ -105,45 +107,55 @@ class CapturedGear:
 
     def _capture(self, args) -> bool:
         g = self.graphs
-        with g.lock:
-            if self.cuda_graph is None and g.captured >= g.limit:
-                self.refused = True
-                log.warning("reduce-overhead: static_capture_size_limit (capture_limit) %d reached: graph %s runs "
-                            "uncaptured (config.debug.aclgraph.static_capture_size_limit)", g.limit, self.graph.name)
-                return False
-            statics, weights = [], {}
-            for k, a in enumerate(args):
-                if isinstance(a, torch.Tensor) and a.is_cuda:
-                    if k in g.weights:
-                        statics.append(a)
-                        weights[k] = a.data_ptr()
-                    else:
-                        statics.append(a.clone())
-                else:
-                    statics.append(a)
-            cg = torch.cuda.CUDAGraph()
-            g.stream.wait_stream(torch.cuda.current_stream(g.device))
+        if self.cuda_graph is None and not self.weight_ptrs and g.captured >= g.limit:
+            self.refused = True
+            log.warning("reduce-overhead: static_capture_size_limit (capture_limit) %d reached: graph %s runs "
+                        "uncaptured (config.debug.aclgraph.static_capture_size_limit)", g.limit, self.graph.name)
+            return False
+        statics, weights = [], {}
+        for k, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.is_cuda and k in g.weights:
+                statics.append(a)  # read in place; a new address means a new capture
+                weights[k] = a.data_ptr()
+            elif isinstance(a, torch.Tensor) and a.is_cuda:
+                statics.append(a.clone())
+            else:
+                statics.append(a)
+        cg = torch.cuda.CUDAGraph()
+        g.stream.wait_stream(torch.cuda.current_stream(g.device))
+        try:
             with torch.cuda.graph(cg, pool=g.pool, stream=g.stream, capture_error_mode="thread_local"):
                 outputs = self.fn(*statics)
-            torch.cuda.current_stream(g.device).wait_stream(g.stream)
-            new = self.cuda_graph is None and not self.weight_ptrs
-            self.cuda_graph, self.static_inputs, self.static_outputs = cg, statics, outputs
-            self.weight_ptrs = weights
-            if new:
-                g.captured += 1
-            log.info("reduce-overhead: graph %s captured (%d of at most %d captured shapes)", self.graph.name,
-                     g.captured, g.limit)
-            return True
+        except Exception as e:  # noqa: BLE001 - what cannot be captured still runs, uncaptured
+            self.refused = True
+            log.warning("reduce-overhead: graph %s cannot be captured as a CUDA graph (%s: %s); it runs uncaptured",
+                        self.graph.name, type(e).__name__, e)
+            return False
+        torch.cuda.current_stream(g.device).wait_stream(g.stream)
+        if not self.weight_ptrs:
+            g.captured += 1
+        self.cuda_graph, self.static_inputs, self.static_outputs, self.weight_ptrs = cg, statics, outputs, weights
+        log.info("reduce-overhead: graph %s captured (%d of at most %d captured shapes)", self.graph.name,
+                 g.captured, g.limit)
+        return True
 
     def _replay(self, args):
-        for k, (s, a) in enumerate(zip(self.static_inputs, args)):
-            if isinstance(s, torch.Tensor) and k not in self.weight_ptrs and s is not a:
-                s.copy_(a, non_blocking=True)
-        self.cuda_graph.replay()
-        for k in self.mutated:
-            if k not in self.weight_ptrs:
-                args[k].copy_(self.static_inputs[k], non_blocking=True)
-        return _copy(self.static_outputs)
+        g = self.graphs
+        caller = torch.cuda.current_stream(g.device)
+        g.stream.wait_stream(caller)  # the inputs were made on the caller's stream
+        with torch.cuda.stream(g.stream):
+            for k, (s, a) in enumerate(zip(self.static_inputs, args)):
+                if isinstance(s, torch.Tensor) and k not in self.weight_ptrs:
+                    s.copy_(a, non_blocking=True)
+            self.cuda_graph.replay()
+            for k in self.mutated:
+                if k not in self.weight_ptrs:
+                    args[k].copy_(self.static_inputs[k], non_blocking=True)
+            # Copied on the graph's stream, before any later replay can overwrite the pool's outputs.
+            out = _copy(self.static_outputs)
+        caller.wait_stream(g.stream)
+        _used_on(out, caller)
+        return out
 
 
 def _copy(out):
@@ -153,3 +165,12 @@ def _copy(out):
     if isinstance(out, (list, tuple)):
         return type(out)(_copy(o) for o in out)
     return out
+
+
+def _used_on(out, stream) -> None:
+    """Tell the caching allocator that tensors made on the graph's stream are used on ``stream``."""
+    if isinstance(out, torch.Tensor):
+        out.record_stream(stream)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _used_on(o, stream)
