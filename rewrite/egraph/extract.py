@@ -164,29 +164,16 @@ def _reaches(starts, target, choice: dict, kids: dict, index: dict) -> bool:
     return False
 
 
-def _reachable(starts, choice: dict, kids: dict, seen: set) -> set:
-    """The chosen e-classes reachable from ``starts`` that are not in ``seen`` (added to it)."""
-    new, stack = set(), [c for c in starts if c not in seen]
-    while stack:
-        cls = stack.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        new.add(cls)
-        stack.extend(c for c in kids[(cls, choice[cls])] if c not in seen)
-    return new
-
-
-def _new_values(starts, choice: dict, kids: dict, live: set) -> list:
-    """The chosen e-classes reachable from ``starts`` that the graph does not compute yet."""
-    out, seen, stack = [], set(), [c for c in starts if c not in live]
+def _reachable(starts, choice: dict, kids: dict, stop: set) -> list:
+    """The chosen e-classes reachable from ``starts`` without passing through ``stop``."""
+    out, seen, stack = [], set(), [c for c in starts if c not in stop]
     while stack:
         cls = stack.pop()
         if cls in seen:
             continue
         seen.add(cls)
         out.append(cls)
-        stack.extend(c for c in kids[(cls, choice[cls])] if c not in live and c not in seen)
+        stack.extend(c for c in kids[(cls, choice[cls])] if c not in stop and c not in seen)
     return out
 
 
@@ -200,7 +187,7 @@ def _best_move(cls, choice, nodes_of, kids, readers, own, live, saved, fits):
             continue
         if nodes_of(cls)[i].children[:1] == op and set(children) == chosen:
             continue  # the same op on the same values (x + y, y + x): costs the same
-        new = _new_values(children, choice, kids, live)
+        new = _reachable(children, choice, kids, live)  # what the graph does not compute yet
         added = set(new)
         keep = {k for c in (*children, *new) for k in (c, *kids[(c, choice[c])])}  # what the new choice still reads
         move = {cls: i}
@@ -208,7 +195,7 @@ def _best_move(cls, choice, nodes_of, kids, readers, own, live, saved, fits):
         for c in new:  # others that could read the new values
             for p, j in readers.get(c, ()):
                 if p in live and p not in move and j != choice[p] and fits(p, j):
-                    extra = [e for e in _new_values(kids[(p, j)], choice, kids, live) if e not in added]
+                    extra = [e for e in _reachable(kids[(p, j)], choice, kids, live) if e not in added]
                     g = saved(p, keep) - own(p, j)[0] - sum(own(e, choice[e])[0] for e in extra)
                     if g > 0:
                         move[p], gain = j, gain + g
@@ -234,8 +221,7 @@ def _improve(choice: dict, nodes_of, kids: dict, readers: dict, own, known: dict
     """
     moves = 0
     for _ in range(IMPROVEMENT_PASSES):
-        live: set = set()
-        _reachable([r for r in roots if r in choice], choice, kids, live)
+        live = set(_reachable([r for r in roots if r in choice], choice, kids, set()))
         index = _topological(choice, kids)
         reads: dict = {}  # e-class -> how many live choices read it
         for cls in live:
@@ -266,7 +252,9 @@ def _improve(choice: dict, nodes_of, kids: dict, readers: dict, own, known: dict
                     known[p] = folds
                 else:
                     known.pop(p, None)
-            for p in [*_reachable(children, choice, kids, live), *move]:  # what now reads what
+            new = _reachable(children, choice, kids, live)
+            live.update(new)
+            for p in [*new, *move]:  # what now reads what
                 for c in kids[(p, choice[p])]:
                     reads[c] = reads.get(c, 0) + 1
             switched, moves = True, moves + 1
