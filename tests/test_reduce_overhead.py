@@ -327,3 +327,26 @@ def test_outputs_carry_aot_dynamic_marks_without_its_wrapper():
         torch.testing.assert_close(out, f(x))
         marks[mode] = getattr(out, "_dynamo_propagated_dynamic_indices", None)
     assert marks["reduce-overhead"] == marks["max-autotune"] == {0}
+
+
+def test_a_graph_planned_at_its_first_call_updates_inputs_once():
+    """A graph whose run on zeros fails is observed on the first real call, on copies of what it mutates."""
+    @torch.library.custom_op("rewrite_test::checked_positive", mutates_args=())
+    def checked_positive(t: torch.Tensor) -> torch.Tensor:
+        if not bool((t > 0).all()):  # fails on the zeros a compile-time observation would use
+            raise ValueError("expected positive values")
+        return t.clone()
+
+    checked_positive.register_fake(lambda t: torch.empty_like(t))
+
+    def f(x, d):
+        x.add_(1)
+        return x * 2 / checked_positive(d).sum()
+
+    backend = rewrite.get_backend(_config("reduce-overhead"))
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    x, d = torch.ones(4), torch.ones(3)
+    x0 = x.clone()
+    torch.testing.assert_close(compiled(x, d), f(x0, d))
+    torch.testing.assert_close(x, x0)  # incremented once, by the call, not by the observation
+    assert "note: plan " in str(backend.report)  # planned after all, at the first call

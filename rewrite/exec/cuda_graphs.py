@@ -35,7 +35,8 @@ import threading
 
 import torch
 
-from ..ir import Graph, Node
+from ..ir import Graph
+from .plan import mutated_inputs
 
 log = logging.getLogger("rewrite")
 
@@ -58,20 +59,6 @@ class CudaGraphs:
         return CapturedGear(self, graph, fn)
 
 
-def _mutated_inputs(graph: Graph) -> list[int]:
-    """Placeholder indices the graph writes to (``copy_`` and other ops annotated as writing)."""
-    index = {p.id: k for k, p in enumerate(graph.placeholders)}
-    out = []
-    for n in graph.nodes:
-        t = n.target
-        if n.kind != "call" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
-            continue
-        for a, v in zip(t._schema.arguments, n.args):
-            if a.alias_info is not None and a.alias_info.is_write and isinstance(v, Node) and v.id in index:
-                out.append(index[v.id])
-    return sorted(set(out))
-
-
 class CapturedGear:
     """One gear: warm-up, capture, then replays."""
 
@@ -79,7 +66,7 @@ class CapturedGear:
         self.graphs = graphs
         self.graph = graph
         self.fn = fn
-        self.mutated = _mutated_inputs(graph)
+        self.mutated = mutated_inputs(graph)
         self.calls = 0
         self.cuda_graph = None
         self.static_inputs: list = []

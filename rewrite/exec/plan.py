@@ -32,7 +32,8 @@ from ..ops import dtype_str, is_nondeterministic
 from .memory import assign_offsets
 from .observe import Layout, Observation
 
-__all__ = ["ExecutionPlan", "NodePlan", "Buffer", "make_plan", "out_variant", "unplannable"]
+__all__ = ["ExecutionPlan", "NodePlan", "Buffer", "make_plan", "out_variant", "unplannable", "written_args",
+           "mutated_inputs"]
 
 KINDS = ("fixed", "alias", "out", "native", "call")
 # Copies whose result may simply be their input when the input dies there (same layout).
@@ -136,17 +137,26 @@ def out_variant(target, device_type: str = "cpu"):
 
 # -- planning ---------------------------------------------------------------------------------------------
 
+def written_args(n: Node) -> list:
+    """The arguments call node ``n`` writes to (by its schema's alias annotations)."""
+    t = n.target
+    if n.kind != "call" or not isinstance(t, torch._ops.OpOverload) or not t._schema.is_mutable:
+        return []
+    return [v for a, v in zip(t._schema.arguments, n.args) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def mutated_inputs(graph: Graph) -> list[int]:
+    """Indices of the placeholders the graph writes to (``copy_`` of an input update and the like)."""
+    index = {p.id: k for k, p in enumerate(graph.placeholders)}
+    return sorted({index[v.id] for n in graph.nodes for v in written_args(n) if isinstance(v, Node) and v.id in index})
+
+
 def unplannable(graph: Graph) -> str | None:
     """Why ``graph`` cannot get a plan (None when it can)."""
     inputs = {p.id for p in graph.placeholders}
     for n in graph.nodes:
-        if n.kind != "call":
-            continue
-        if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
-            written = [v for a, v in zip(n.target._schema.arguments, n.args)
-                       if a.alias_info is not None and a.alias_info.is_write]
-            if any(not isinstance(v, Node) or v.id not in inputs for v in written):
-                return f"%{n.name} ({n.op}) writes to an intermediate value"
+        if any(not isinstance(v, Node) or v.id not in inputs for v in written_args(n)):
+            return f"%{n.name} ({n.op}) writes to an intermediate value"
     return None
 
 

@@ -28,7 +28,7 @@ from ..ir import Graph, TensorMeta, iter_metas
 from ..unit import CompileUnit
 from .memory import ArenaPool
 from .observe import observe, synthesize_inputs
-from .plan import describe, make_plan, unplannable
+from .plan import describe, make_plan, mutated_inputs, unplannable
 from .planned import PlannedExecutable
 
 log = logging.getLogger("rewrite")
@@ -67,8 +67,9 @@ class _Gear:
     def _first_call(self, args):
         with self._lock:
             if self.run is None:
-                if self.plan is None:  # could not observe at compile time: observe this call
-                    self.program.observe(self, list(args))
+                if self.plan is None:  # could not observe at compile time: observe this call's inputs,
+                    mutated = set(mutated_inputs(self.graph))  # copies of those the graph writes to
+                    self.program.observe(self, [a.clone() if k in mutated else a for k, a in enumerate(args)])
                 self.program.materialize([self])
         return self.run(*args)
 
