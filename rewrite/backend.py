@@ -64,9 +64,14 @@ def _is_weight_source(name: str) -> bool:
 class RewriteBackend:
     """A torch.compile backend. ``report`` accumulates what every compiled graph went through."""
 
-    def __init__(self, compiler_config: CompilerConfig | None = None):
+    def __init__(self, compiler_config: CompilerConfig | None = None, *, decompositions: dict | None = None):
         if compiler_config is not None and not isinstance(compiler_config, CompilerConfig):
             raise TypeError(f"compiler_config must be a rewrite.CompilerConfig, got {type(compiler_config).__name__}")
+        if decompositions is not None and not isinstance(decompositions, dict):
+            raise TypeError("decompositions must be a dict {OpOverload: function} (e.g. from "
+                            f"torch._decomp.get_decompositions), got {type(decompositions).__name__}")
+        # AOTAutograd's decomposition table: the default one, with the user's entries added or replacing.
+        self.decompositions = {**decomposition_table(), **decompositions} if decompositions else decomposition_table()
         # A private copy: changing the user's config later must not change (or skip checks of) this backend.
         self.config = copy.deepcopy(compiler_config) if compiler_config is not None else CompilerConfig()
         self.report = CompileReport()
@@ -115,7 +120,7 @@ class RewriteBackend:
                 fw_compiler=functools.partial(compile_fw, kind="forward"),
                 bw_compiler=compile_bw,
                 inference_compiler=functools.partial(compile_fw, kind="inference"),
-                decompositions=decomposition_table(),
+                decompositions=self.decompositions,
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
         return direct.get("fn") or wrapped

@@ -8,21 +8,35 @@ npugraph_ex's ``options=`` names), as torch_npu does.
 """
 from __future__ import annotations
 
+import copy
 import types
 
 import torch
 
+from .. import exec as rexec
 from .. import inference as _inference
-from ..backend import RewriteBackend, get_backend
+from ..backend import RewriteBackend
 from ..config import CompilerConfig
 
 
-def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_decompositions=None):
-    """TorchAir's `get_npu_backend`; custom decompositions are not supported and must be None."""
-    if custom_decompositions:
-        raise NotImplementedError("rewrite.compat.torchair.get_npu_backend: custom_decompositions is not supported; "
-                                  "write a rewrite rule (rewrite.dsl) instead")
-    return get_backend(compiler_config=compiler_config)
+class NpuBackend(RewriteBackend):
+    """What `get_npu_backend` returns: a `RewriteBackend` that also takes torch.compile's ``options=``
+    (npugraph_ex's option names, applied to a copy of the backend's config for that compile), as
+    TorchAir's backends do."""
+
+    def __call__(self, gm, example_inputs, *, options: dict | None = None):
+        if not options:
+            return super().__call__(gm, example_inputs)
+        variant = copy.copy(self)  # shares the report and the lock; only the config differs
+        variant.config = _apply_options(copy.deepcopy(self.config), options)
+        rexec.check_config(variant.config)
+        return RewriteBackend.__call__(variant, gm, example_inputs)
+
+
+def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_decompositions: dict | None = None):
+    """TorchAir's `get_npu_backend`: ``custom_decompositions`` ({OpOverload: fn}) are added to the
+    decomposition table AOTAutograd traces with (replacing a default entry for the same op)."""
+    return NpuBackend(compiler_config, decompositions=custom_decompositions or None)
 
 
 def dynamo_export(*args, **kwargs):
@@ -37,7 +51,50 @@ def _scope_module():
     return types.SimpleNamespace(
         npu_stream_switch=_scope.stream_switch,
         npu_wait_tensor=_scope.wait_tensor,
+        super_kernel=super_kernel,
+        limit_core_num=limit_core_num,
+        op_never_timeout=op_never_timeout,
+        data_dump=data_dump,
     )
+
+
+def _ops_module():
+    from .. import scope as _scope
+
+    return types.SimpleNamespace(wait=_scope.wait, record=_scope.record)
+
+
+class _NpuOnlyScope:
+    """A TorchAir scope whose attributes only the NPU graph engine reads (super kernels, AI-core
+    limits, op timeouts, data dump): its arguments are checked as TorchAir checks them and it does
+    nothing, so scripts that use it run unchanged (nested stream scopes still apply)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class super_kernel(_NpuOnlyScope):  # noqa: N801 - TorchAir's spelling
+    def __init__(self, scope: str | None, options: str = ""):
+        self.scope, self.options = scope, options
+
+
+class limit_core_num(_NpuOnlyScope):  # noqa: N801
+    def __init__(self, op_aicore_num: int, op_vectorcore_num: int):
+        self.op_aicore_num, self.op_vectorcore_num = op_aicore_num, op_vectorcore_num
+
+
+class op_never_timeout(_NpuOnlyScope):  # noqa: N801
+    def __init__(self, enable: bool = True):
+        if not isinstance(enable, bool):
+            raise TypeError(f"op_never_timeout() argument 'enable' must be bool, not {type(enable).__name__}")
+        self.enable = enable
+
+
+class data_dump(_NpuOnlyScope):  # noqa: N801
+    pass
 
 
 inference = types.SimpleNamespace(set_dim_gears=_inference.set_dim_gears)
@@ -66,10 +123,12 @@ NPUGRAPH_EX_OPTIONS = {
 }
 
 
-def _npugraph_ex_config(options: dict | None) -> CompilerConfig:
-    config = CompilerConfig()
-    config.mode = "npugraph_ex"
-    for name, value in (options or {}).items():
+def _apply_options(config: CompilerConfig, options: dict) -> CompilerConfig:
+    """Set npugraph_ex's ``options`` on ``config`` (TorchAir's _process_kwargs_options)."""
+    if not isinstance(options, dict):
+        raise ValueError(f"options must be a dict of npugraph_ex options, got {type(options).__name__}; "
+                         f"allowed options: {sorted(NPUGRAPH_EX_OPTIONS)}")
+    for name, value in options.items():
         if name not in NPUGRAPH_EX_OPTIONS:
             raise ValueError(f"Invalid option '{name}', allowed options: {sorted(NPUGRAPH_EX_OPTIONS)}")
         path, allowed = NPUGRAPH_EX_OPTIONS[name]
@@ -80,6 +139,12 @@ def _npugraph_ex_config(options: dict | None) -> CompilerConfig:
         if path is not None:
             config.set_path(path, value)
     return config
+
+
+def _npugraph_ex_config(options: dict | None) -> CompilerConfig:
+    config = CompilerConfig()
+    config.mode = "npugraph_ex"
+    return _apply_options(config, options or {})
 
 
 def npugraph_ex(gm, example_inputs, options: dict | None = None):
@@ -95,11 +160,12 @@ except AssertionError:  # already registered (this module was reloaded)
 
 
 def __getattr__(name):
-    if name == "scope":
-        value = _scope_module()
-        globals()["scope"] = value
+    if name in ("scope", "ops"):
+        value = _scope_module() if name == "scope" else _ops_module()
+        globals()[name] = value
         return value
     raise AttributeError(f"module 'rewrite.compat.torchair' has no attribute {name!r}")
 
 
-__all__ = ["CompilerConfig", "get_npu_backend", "dynamo_export", "inference", "scope", "npugraph_ex"]
+__all__ = ["CompilerConfig", "get_npu_backend", "NpuBackend", "dynamo_export", "inference", "scope", "ops",
+           "npugraph_ex"]

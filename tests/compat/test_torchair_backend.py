@@ -1,0 +1,71 @@
+"""TorchAir's backend tests (tests/st/torchair_st.py, the npugraph_ex tests), ported: what a script
+that builds its backend with `torchair.get_npu_backend` relies on. TorchAir asserts on its GE graph;
+these assert the same facts on rewrite's report (`ops_after`), on the optimized IR graph (through
+`RewriteBackend.on_optimized`) and on results compared with eager.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rewrite.compat.torchair as torchair
+
+_lib = torch.library.Library("rewrite_compat_test", "DEF")
+_lib.define("add(Tensor input) -> Tensor")
+_lib.impl("add", lambda t: t.clone(), "CPU")
+_lib.impl("add", lambda t: t.new_empty(t.size()), "Meta")
+
+
+def test_decomp():
+    """mirrors torchair_cache_compile_st.py::test_decomp (custom_decompositions of get_npu_backend):
+    the user's decomposition replaces the custom op while AOTAutograd traces."""
+    op = torch.ops.rewrite_compat_test.add.default
+    backend = torchair.get_npu_backend(custom_decompositions={op: lambda t: t * 3})
+    compiled = torch.compile(lambda t: torch.ops.rewrite_compat_test.add(t), backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 3.0))
+    assert "rewrite_compat_test.add.default" not in backend.report.graphs[0].ops_before
+
+
+def test_custom_decompositions_must_be_a_dict():
+    """TorchAir's get_npu_backend takes a dict {OpOverload: fn}; anything else is a clear TypeError."""
+    with pytest.raises(TypeError, match="decompositions must be a dict"):
+        torchair.get_npu_backend(custom_decompositions=[torch.ops.aten.add.Tensor])
+
+
+def test_get_npu_backend_accepts_options():
+    """mirrors npu_fx_compiler._npu_backend(..., **kwargs): torch.compile(..., options=) reaches a
+    get_npu_backend backend and is read with npugraph_ex's option names."""
+    backend = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
+    model = torch.nn.Linear(4, 4).eval()
+    compiled = torch.compile(model, backend=backend, options={"frozen_parameter": True}, fullgraph=True)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert backend.config.experimental_config.frozen_parameter is False  # options apply to that compile only
+
+
+def test_get_npu_backend_rejects_unknown_option():
+    """mirrors npugraphex_config._process_kwargs_options: an unknown option names the allowed ones."""
+    backend = torchair.get_npu_backend()
+    compiled = torch.compile(lambda x: x + 1, backend=backend, options={"no_such_option": 1})
+    with pytest.raises(Exception, match="Invalid option 'no_such_option', allowed options"):
+        compiled(torch.ones(2))
+
+
+def test_npugraph_ex_process_kwargs_options_invalid_option():
+    """mirrors npugraph_ex test_npugraph_ex_process_kwargs_options_invalid_option: a bad value
+    names the allowed values."""
+    compiled = torch.compile(lambda x: x + 1, backend="npugraph_ex", options={"inplace_pass": "test"})
+    with pytest.raises(Exception, match=r"Value 'test' .* not in optional list \[True, False\]"):
+        compiled(torch.ones(2))
+
+
+def test_npugraph_ex_backend_name():
+    """mirrors npugraph_ex_compile test_aclgraph_capture_and_replay: backend="npugraph_ex" works once
+    the shim is imported, with npugraph_ex's options."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()).eval()
+    compiled = torch.compile(model, backend="npugraph_ex", options={"clone_input": False}, dynamic=False)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(compiled(x), model(x))
