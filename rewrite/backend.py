@@ -131,13 +131,27 @@ class RewriteBackend:
         ``name`` is ``unit.name``, the second argument for subclasses that label the graphs they see.
         """
         rep = unit.report
-        with rep.stage("import"):
-            graph = from_fx(gm, name=name)
-            graph = annotate_streams(graph, self.config, rep)
-            _freeze(graph, frozen)
-            rep.ops_before = graph.op_counts()
-        dump_graph(graph, unit, "before")
-        graph = optimize(graph, self.config, rep)
+        # config.cache.dir: the optimized graph and gear graphs of this AOT graph may be cached (rewrite.cache.aot).
+        entry = cached = None
+        if self.config.cache.dir is not None:
+            from .cache.aot import aot_entry
+
+            with rep.stage("cache"):
+                entry = aot_entry(self.config, gm, unit, frozen, gear_spec)
+                cached = entry.load()
+        gear_graphs: dict = {}
+        if cached is not None:
+            graph, gear_graphs = cached
+            rep.ops_before = entry.ops_before
+            rep.notes.append("optimized graphs from the compile cache")
+        else:
+            with rep.stage("import"):
+                graph = from_fx(gm, name=name)
+                graph = annotate_streams(graph, self.config, rep)
+                _freeze(graph, frozen)
+                rep.ops_before = graph.op_counts()
+            dump_graph(graph, unit, "before")
+            graph = optimize(graph, self.config, rep)
         self.on_optimized(graph, unit, frozen, gear_spec)
         rep.ops_after = graph.op_counts()
         dump_graph(graph, unit, "after")
@@ -152,10 +166,13 @@ class RewriteBackend:
             with rep.stage("codegen"):
                 fn = build_static(graph)
         else:
-            fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static)
+            fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static, gear_graphs=gear_graphs)
         if program is not None:
             with rep.stage("plan"):
                 program.finalize()
+        if entry is not None and cached is None:
+            with rep.stage("cache"):
+                entry.store(graph, gear_graphs, rep.ops_before)
         log.info("%s", rep)
         # AOTAutograd calls compiled graphs with one list argument ("boxed"), so it can free inputs early.
         boxed = make_boxed_func(fn)

@@ -25,8 +25,8 @@ log = logging.getLogger("rewrite")
 
 __all__ = ["compile_dynamic", "bind_gears", "concretize", "trace_conflicts"]
 
-# Log each gear's compile at INFO from this many gears on (fewer: DEBUG).
-_PROGRESS_FROM = 8
+# Log each gear's compile (with its time) at INFO from this many gears on (fewer: DEBUG).
+_PROGRESS_FROM = 2
 
 
 def bind_gears(graph: Graph, spec: GearSpec) -> tuple[list[GearSymbol], list[tuple]]:
@@ -141,8 +141,11 @@ def concretize(graph: Graph, values: dict) -> Graph:
     return static
 
 
-def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit, *rest):
+def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit, *rest, gear_graphs: dict | None = None):
     """Compile a graph with size symbols: one static graph per gear, else the symbolic graph itself.
+
+    ``gear_graphs`` (gear key -> optimized static graph) is the compile cache's hook: a gear found
+    there is built as it is (no substitution, no optimization); every gear optimized here is added.
 
     Called as ``compile_dynamic(graph, gear_spec, unit, build_static)``: ``unit`` is the graph's
     `CompileUnit`, ``build_static(graph)`` builds one executable. The form from before compile units,
@@ -191,13 +194,18 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
                 report.notes.append(f"gear {key} left out: {why}")
                 continue
             t0 = time.perf_counter()
-            static = concretize(graph, values)
-            static = optimize(static, unit.config, GraphReport(static.name))
+            static = gear_graphs.get(key) if gear_graphs is not None else None
+            cached = static is not None
+            if not cached:
+                static = concretize(graph, values)
+                static = optimize(static, unit.config, GraphReport(static.name))
+                if gear_graphs is not None:
+                    gear_graphs[key] = static
             dump_graph(static, unit, "gear")  # static.name carries the gear values
             report.gears[key] = static.op_counts()
             table[key] = build_static(static)
-            log.log(verbose, "gears: graph %d gear %d/%d %s compiled in %.2f s", number, n, len(gears), key,
-                    time.perf_counter() - t0)
+            log.log(verbose, "gears: graph %d gear %d/%d %s %s in %.2f s", number, n, len(gears), key,
+                    "built from the cache" if cached else "compiled", time.perf_counter() - t0)
     if not table:
         raise GearError(f"graph {number}: every gear contradicts the traced graph; see the warnings above")
     report.notes.append("gear keys are (" + ", ".join(f"{s.symbol}={s.label}" for s in symbols) + ")")
