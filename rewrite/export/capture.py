@@ -37,8 +37,8 @@ class Captured:
 
 
 class _CaptureBackend(RewriteBackend):
-    def __init__(self, config: CompilerConfig):
-        super().__init__(config)
+    def __init__(self, config: CompilerConfig, decompositions: dict | None = None):
+        super().__init__(config, decompositions=decompositions)
         self.graphs: list[dict] = []
 
     def __call__(self, gm, example_inputs):
@@ -79,12 +79,16 @@ def _traceable_gears(graph: Graph, spec):
     return dataclasses.replace(spec, gears=tuple(kept))
 
 
-def capture(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: bool, config: CompilerConfig) -> Captured:
-    """Trace ``model(*args, **kwargs)`` into one optimized graph, or fail saying why it is not one graph."""
+def capture(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic: bool, config: CompilerConfig,
+            decompositions: dict | None = None) -> Captured:
+    """Trace ``model(*args, **kwargs)`` into one optimized graph, or fail saying why it is not one graph.
+
+    ``decompositions``: entries added to (or replacing) AOTAutograd's table (`RewriteBackend`).
+    """
     config = copy.deepcopy(config)
     # Export freezes weights: the exported graph holds them as constants referenced by name.
     config.experimental_config.frozen_parameter = True
-    backend = _CaptureBackend(config)
+    backend = _CaptureBackend(config, decompositions)
     compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)
     try:
         # Every export brings a new backend, so Dynamo adds a cache entry for the model's code each

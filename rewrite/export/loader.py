@@ -110,10 +110,14 @@ class ExportedModel:
     """A loaded export: call it like the model (same arguments, same shape of result)."""
 
     def __init__(self, program: dict, weights: WeightReader, config: CompilerConfig | None = None,
-                 group_names: dict | None = None, use_gears: bool = True, where: str = "graph file"):
+                 group_names: dict | None = None, use_gears: bool = True, where: str = "graph file",
+                 gear_graphs: dict | None = None):
+        """``gear_graphs`` (gear key -> optimized graph): gears found there are built without optimizing,
+        and the others are added to it as they are optimized (the compile cache reads and writes it)."""
         version = _check_program(program, where)
         self.program = program
         self.use_gears = use_gears
+        self.gear_graphs = gear_graphs
         self.config = config if config is not None else CompilerConfig()
         self.report = GraphReport(f"load:{program['name']}")
         with self.report.stage("decode"):
@@ -149,7 +153,8 @@ class ExportedModel:
         if self._gears is not None and self.use_gears:
             from .. import gears as rgears
 
-            return rgears.compile_dynamic(self.graph, self._gears, self.config, self.report, build_static, 0)
+            return rgears.compile_dynamic(self.graph, self._gears, self.config, self.report, build_static, 0,
+                                          gear_graphs=self.gear_graphs)
         return build_static(self.graph)
 
     def _input_checks(self):

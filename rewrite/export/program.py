@@ -182,7 +182,8 @@ def encode_gears(spec, traced: Graph, exported: Graph):
 
 
 def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, dynamic: bool,
-                  config, folder: str, rank: int | None, world_size: int | None) -> Program:
+                  config, folder: str, rank: int | None, world_size: int | None, weight_writer=None) -> Program:
+    """``weight_writer(names, folder)`` makes the `WeightWriter` (the compile cache's refers to live weights)."""
     input_spec, leaves = describe_inputs(model, args, kwargs)
     g = cap.graph.copy()
     bindings, weight_names = _bind_inputs(g, cap, input_spec, leaves, _named_weights(model))
@@ -203,7 +204,7 @@ def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: di
             if types and len(types) == len(stack):
                 n.attrs["module_types"] = list(types)
 
-    writer = WeightWriter(weight_names, folder)
+    writer = (weight_writer or WeightWriter)(weight_names, folder)
     # weight_name / derived_from (the parameter a constant holds or was folded from) are superseded
     # by the constant's {"weight": name}.
     graph_data = encode_graph(g, writer.encode_constant, keep_attr=lambda key: key not in ("weight_name", "derived_from"))

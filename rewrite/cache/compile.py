@@ -1,0 +1,320 @@
+"""`rewrite.inference.cache_compile`: compile a module's method once; later processes skip Dynamo.
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            ...
+            self.cached_prompt = rewrite.inference.cache_compile(self.prompt)
+        def forward(self, x):
+            return self.cached_prompt(x)
+
+The first call traces the method with Dynamo through the rewrite pipeline (the export's capture:
+one whole graph, weights frozen), and writes the program in the export format under
+``{cache_dir}/{model_info}/{func}/`` (multi-rank: ``{cache_dir}/{model_info}/world{N}global_rank{r}
+[tp_rank{t}][pp_rank{p}]/{func}/``): ``program.json`` (the export's graph file), ``gears/`` (each
+gear's optimized graph), ``live.json`` and the key. A later process with the same script loads it
+with the export loader's checks and calls it: no Dynamo, no guards, no optimizer.
+
+Weights: the program holds the module's parameters and buffers as constants (as an export does),
+but they are **not copied** into the cache: the entry names them and they are read from the live
+module. Constants the optimizer computed from them (merged Q/K/V weights, transposed copies) and
+tensor attributes that are not registered parameters or buffers are stored in the entry. Because
+the optimizer may fold weights' values into the program, the key holds a checksum of the module's
+parameters and buffers (computed at the first call and again when one of them is replaced or
+updated in place), so other weights are a miss, never a stale result.
+
+Contract (TorchAir's): the process that loads must run the same script that wrote the entry; the
+key covers what can be checked cheaply (code of the method and of every module class of the model,
+parameter names/shapes/dtypes and checksums, input dtypes/ranks (and shapes with dynamic=False),
+gears, config, versions, ranks); a call whose inputs the loaded program does not fit compiles again
+(logged); graphs with random ops are refused; inference only (no autograd history).
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import os
+import threading
+
+import torch
+
+from ..config import CompilerConfig
+from ..export.errors import ExportError
+from .graphs import _Reader, _Writer, check_error, decode_graphs, encode_graphs
+from .key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
+from .store import CacheDir, count
+from .aot import gear_label, parse_gear_label
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["cache_compile", "CachedFunction", "RNG_MESSAGE"]
+
+DEFAULT_DIR = ".rewrite_cache"
+PROGRAM_FILE = "program.json"
+LIVE_FILE = "live.json"
+RNG_MESSAGE = "Cache compile does not support operator that depend on RNG"
+
+
+def _same_config(a: CompilerConfig, b: CompilerConfig) -> bool:
+    return config_digest(a)[1] == config_digest(b)[1] and a.cache.dir == b.cache.dir
+
+
+def cache_compile(func, *, config: CompilerConfig | None = None, backend=None, dynamic: bool = True,
+                  cache_dir: str | None = None, global_rank: int | None = None, tp_rank: int | None = None,
+                  pp_rank: int | None = None, custom_decompositions: dict | None = None) -> "CachedFunction":
+    """Wrap ``func``, a bound method of a ``torch.nn.Module``, in a compile cache (see the module doc).
+
+    ``backend``: a backend from `rewrite.get_backend` (its config is used; with ``config`` also given
+    they must be equal). ``cache_dir``: default ``config.cache.dir``, else ``.rewrite_cache``.
+    """
+    from ..backend import RewriteBackend
+
+    if not (inspect.ismethod(func) and isinstance(func.__self__, torch.nn.Module)):
+        raise TypeError(f"cache_compile wraps a bound method of a torch.nn.Module (e.g. self.inner_forward), got "
+                        f"{type(func).__name__} {getattr(func, '__qualname__', func)!r}")
+    if backend is not None and not isinstance(backend, RewriteBackend):
+        raise TypeError(f"backend must come from rewrite.get_backend(...), got {type(backend).__name__}")
+    if config is not None and not isinstance(config, CompilerConfig):
+        raise TypeError(f"config must be a rewrite.CompilerConfig, got {type(config).__name__}")
+    if backend is not None and config is not None and not _same_config(config, backend.config):
+        raise ValueError("config in current backend is different from the config during cache generation.")
+    if config is None:
+        config = backend.config if backend is not None else CompilerConfig()
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be True or False, got {dynamic!r}")
+    if custom_decompositions is not None and not isinstance(custom_decompositions, dict):
+        raise TypeError("custom_decompositions must be a dict {OpOverload: function} (torch._decomp.get_decompositions)")
+    if custom_decompositions is None and backend is not None and backend.decompositions is not None:
+        from ..backend import decomposition_table
+
+        extra = {k: v for k, v in backend.decompositions.items() if decomposition_table().get(k) is not v}
+        custom_decompositions = extra or None
+    for name, value in (("global_rank", global_rank), ("tp_rank", tp_rank), ("pp_rank", pp_rank)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    root = cache_dir if cache_dir is not None else (config.cache.dir or DEFAULT_DIR)
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"cache_dir must be a path, got {type(root).__name__}")
+    return CachedFunction(func, copy.deepcopy(config), dynamic, os.fspath(root), global_rank, tp_rank, pp_rank,
+                          custom_decompositions)
+
+
+class _Bound(torch.nn.Module):
+    """The wrapped method as a module for the export's capture (parameters keep their names under ``inner.``)."""
+
+    def __init__(self, module: torch.nn.Module, fn):
+        super().__init__()
+        self.inner = module
+        self._fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self._fn(self.inner, *args, **kwargs)
+
+
+def _is_random(node) -> bool:
+    from ..export.exporter import _is_random as random_op
+
+    return random_op(node)
+
+
+class CachedFunction:
+    """What `cache_compile` returns: call it like the method."""
+
+    def __init__(self, func, config, dynamic, root, global_rank, tp_rank, pp_rank, decompositions):
+        self._module = func.__self__
+        self._fn = func.__func__
+        self.__name__ = self._fn.__name__
+        self.__wrapped__ = func
+        self.config = config
+        self.dynamic = dynamic
+        self.decompositions = decompositions
+        self._lock = threading.Lock()  # guards the fields below, never held while compiling or loading
+        self._static: dict | None = None
+        self._weights_state = None
+        self._programs: dict = {}  # key hash -> list of loaded programs (several input specialisations)
+        self.cache = CacheDir.get(root)
+        self.rel = os.path.join(type(self._module).__name__, _rank_folder(global_rank, tp_rank, pp_rank),
+                                self.__name__)
+        self.path = self.cache.path(self.rel)
+        self._rank = _rank_folder(global_rank, tp_rank, pp_rank) or "single"
+
+    def __repr__(self):
+        return f"cache_compile({type(self._module).__name__}.{self.__name__}, cache={self.path!r})"
+
+    # -- the key ------------------------------------------------------------------------------
+    def _tensors(self) -> list[tuple[str, torch.Tensor]]:
+        m = self._module
+        return list(m.named_parameters(remove_duplicate=False)) + list(m.named_buffers(remove_duplicate=False))
+
+    def _static_fields(self) -> dict:
+        """The fields that do not depend on the call; weights re-hashed when one is replaced or updated."""
+        tensors = self._tensors()
+        state = tuple((t.data_ptr(), t._version) for _, t in tensors)
+        with self._lock:
+            if self._static is not None and state == self._weights_state:
+                return self._static
+        classes = sorted({type(m) for m in self._module.modules()}, key=lambda c: (c.__module__, c.__qualname__))
+        code = digest(code_digest(self._fn) + "".join(class_digest(c) for c in classes))
+        params = digest(";".join(f"{n}:{str(t.dtype)[6:]}{list(t.shape)}@{t.device.type}" for n, t in tensors))
+        decomps = "none" if not self.decompositions else digest(";".join(
+            sorted(f"{op}:{code_digest(fn)}" for op, fn in self.decompositions.items())))
+        fields = {"versions": versions(), "config": config_digest(self.config)[0], "code": code, "parameters": params,
+                  "weights": f"{len(tensors)} tensors, {tensor_digest([t for _, t in tensors])}",
+                  "dynamic": str(self.dynamic), "rank": self._rank, "decompositions": decomps}
+        with self._lock:
+            self._static, self._weights_state = fields, state
+        return fields
+
+    def _input_fields(self, args, kwargs) -> dict:
+        from ..gears import get_dim_gears
+
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        parts, gears, devices, dtypes = [], [], set(), set()
+        for leaf in flat:
+            if isinstance(leaf, torch.Tensor):
+                shape = list(leaf.shape) if not self.dynamic else f"{leaf.dim()}d"
+                parts.append(f"{str(leaf.dtype)[6:]}{shape}@{leaf.device.type}")
+                devices.add(leaf.device.type)
+                dtypes.add(str(leaf.dtype)[6:])
+                g = get_dim_gears(leaf)
+                gears.append(str(sorted(g.items())) if g else "-")
+            else:
+                parts.append(type(leaf).__name__ if self.dynamic else f"{type(leaf).__name__}={leaf!r}")
+        any_gears = any(g != "-" for g in gears)
+        return {"inputs": digest(f"{spec}|{parts}"),
+                "gears": (f"{self.config.inference_config.dynamic_gears_merge_policy}: {gears}" if any_gears else "none"),
+                "device": ",".join(sorted(devices)) or "none", "dtype": ",".join(sorted(dtypes)) or "none"}
+
+    # -- calling ------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        fields = {**self._static_fields(), **self._input_fields(args, kwargs)}
+        key = json.dumps(fields, sort_keys=True)
+        for program in list(self._programs.get(key, ())):
+            try:
+                return self._run(program, args, kwargs)
+            except ExportError as e:  # the inputs do not fit this specialisation (a size Dynamo specialized)
+                log.info("cache_compile %s: the loaded program does not fit this call (%s)", self.__name__, e)
+        with self.cache.lock(self.rel):
+            program = self._load(fields, args, kwargs)
+            if program is None:
+                program = self._compile(fields, args, kwargs)
+            with self._lock:
+                self._programs.setdefault(key, []).append(program)
+        return self._run(program, args, kwargs)
+
+    @staticmethod
+    def _run(program, args, kwargs):
+        with torch.no_grad():
+            return program(*args, **kwargs)
+
+    def _live(self) -> dict:
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            return {f"inner.{n}": t.detach() for n, t in self._tensors()}
+
+    def _load(self, fields, args, kwargs):
+        from ..export.checks import read_json
+        from ..export.loader import ExportedModel
+
+        folder = self.cache.lookup(self.rel, fields, f"{type(self._module).__name__}.{self.__name__}")
+        if folder is None:
+            return None
+        try:
+            live = self._live()
+            program, _ = read_json(os.path.join(folder, PROGRAM_FILE), "cache file", PROGRAM_FILE)
+            live_data, _ = read_json(os.path.join(folder, LIVE_FILE), "cache file", LIVE_FILE)
+            reader = _Reader(folder, program.get("weights", {}), live_data.get("live", {}), live, PROGRAM_FILE)
+            reader.verify_all()
+            gear_graphs = {}
+            if os.path.isdir(os.path.join(folder, "gears")):
+                graphs, _ = decode_graphs(os.path.join(folder, "gears"), {**live, **reader.loaded})
+                for label, g in graphs.items():
+                    gear_key = parse_gear_label(label)
+                    if gear_key is None:
+                        raise ValueError(f"gears/graphs.json: graph {label[:80]!r} is not a gear graph")
+                    gear_graphs[gear_key] = g
+            loaded = ExportedModel(program, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs)
+            self._run(loaded, args, kwargs)  # the call must fit (or it is a miss), before anything is returned
+        except Exception as e:  # noqa: BLE001 - a damaged entry, or one that does not fit this call, is a miss
+            if not check_error(e):
+                raise
+            self.cache.damaged(folder, e)
+            return None
+        count("hits")
+        log.info("cache_compile %s: loaded %s (%d gear graphs)", self.__name__, folder, len(gear_graphs))
+        return loaded
+
+    def _compile(self, fields, args, kwargs):
+        from ..export.capture import capture
+        from ..export.exporter import graph_file_text
+        from ..export.loader import ExportedModel
+        from ..export.program import build_program
+        from ..fx_bridge import CompileError
+
+        count("traced")
+        config = copy.deepcopy(self.config)
+        config.cache.dir = None  # the whole program is cached here; not its AOT graph again
+        model = _Bound(self._module, self._fn)
+        log.info("cache_compile %s: tracing and compiling", self.__name__)
+        cap = capture(model, args, kwargs, self.dynamic, config, self.decompositions)
+        random = [n for n in cap.graph.nodes if _is_random(n)]
+        if random:
+            raise CompileError(f"{RNG_MESSAGE}: {self.__name__} calls {random[0].op} (node {random[0].name}); "
+                               "its results would differ from eager (RNG state) after a load")
+        live = self._live()
+        prog = build_program(cap, model, args, kwargs, name="program", dynamic=self.dynamic, config=config, folder="",
+                             rank=None, world_size=None, weight_writer=lambda names, folder: _Writer(live, folder))
+        writer = prog.weights
+        data = json.loads(json.dumps(prog.data))
+        reader = _InMemoryReader(writer, live)
+        gear_graphs: dict = {}
+        loaded = ExportedModel(data, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs)
+        # -- write: stored weights, the program, the live table, the gear graphs; then the key ----------
+        files = [(w.file, w.data) for w in writer.files.values()]
+        if gear_graphs:
+            gear_files = encode_graphs({gear_label(k): g for k, g in gear_graphs.items()}, {**live, **reader.loaded})
+            files += [(f"gears/{rel}", raw) for rel, raw in gear_files]
+        files.append((LIVE_FILE, json.dumps({"live": writer.live_records}).encode()))
+        files.append((PROGRAM_FILE, graph_file_text(data).encode("utf-8")))
+        if self.cache.write(self.rel, fields, files, kind="function",
+                            label=f"{type(self._module).__name__}.{self.__name__}"):
+            log.info("cache_compile %s: wrote %s", self.__name__, self.path)
+        return loaded
+
+
+class _InMemoryReader(_Reader):
+    """The program's weights straight from the writer (the first process reads nothing back from disk)."""
+
+    def __init__(self, writer: _Writer, live: dict):
+        super().__init__(".", writer.records(), writer.live_records, live, PROGRAM_FILE)
+        self._writer = writer
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors.torch import load as safetensors_load
+
+        if name not in self.loaded:
+            weight = self._writer.files.get(name)
+            if weight is None:
+                raise ExportError(f"the graph reads weight {name!r}, which was not collected")
+            self.loaded[name] = safetensors_load(weight.data)[name]
+        return self.loaded[name]
+
+
+def _rank_folder(global_rank, tp_rank, pp_rank) -> str:
+    """``world{N}global_rank{r}[tp_rank{t}][pp_rank{p}]`` for multi-rank runs, else ''."""
+    world = None
+    if global_rank is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            global_rank, world = dist.get_rank(), dist.get_world_size()
+    elif torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+    if global_rank is None:
+        return ""
+    name = f"world{world if world is not None else 'unknown'}global_rank{global_rank}"
+    if tp_rank is not None:
+        name += f"tp_rank{tp_rank}"
+    if pp_rank is not None:
+        name += f"pp_rank{pp_rank}"
+    return name
