@@ -1,8 +1,8 @@
 """The torch.compile backend: Dynamo graph -> AOTAutograd core-ATen graph -> rewrite pipeline.
 
 Pipeline of one graph (see DESIGN.md):
-    from_fx -> stream scopes become node attributes -> freeze weights (optional)
-    -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary)
+    [post_grad_custom_pre_pass] -> from_fx -> stream scopes become node attributes -> freeze weights (optional)
+    -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary) -> [post_grad_custom_post_pass]
     -> gears (one static graph per gear, re-optimized) -> build_executable (codegen / Inductor /
     stream scheduler; in reduce-overhead mode each gear gets an execution plan or a CUDA graph, see
     rewrite.exec.program) -> a boxed callable that AOTAutograd and Dynamo run (reduce-overhead
@@ -25,12 +25,13 @@ from . import exec as rexec
 from . import gears as rgears
 from .config import CompilerConfig, ConfigError
 from .dump import dump_graph
-from .fx_bridge import dynamo_input_names, from_fx
+from .fx_bridge import dynamo_input_names
 from .ir import Graph
 from .optimizer import optimize
 from .report import CompileReport
 from .scope import annotate_streams
 from .unit import CompileUnit
+from .user_passes import run_post_pass, run_pre_pass
 
 log = logging.getLogger("rewrite")
 
@@ -102,7 +103,7 @@ class RewriteBackend:
             # AOTAutograd calls compilers under its fake mode; frozen weights are real tensors that
             # passes (folding) compute with, so compile outside it.
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
-                compiled = self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec)
+                compiled = self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec, aot_inputs)
             inner = getattr(compiled, "__rewrite_fn__", None)
             if kind == "inference" and same_inputs and inner is not None \
                     and self.config.mode in rexec.REDUCE_OVERHEAD_MODES:
@@ -111,7 +112,7 @@ class RewriteBackend:
 
         def compile_bw(aot_gm, aot_inputs):
             bw = unit("backward")
-            return self.compile_graph(aot_gm, bw.name, bw, (), None)
+            return self.compile_graph(aot_gm, bw.name, bw, (), None, aot_inputs)
 
         # set_dim_gears keeps a Dynamo flag on until the geared graph first runs; a compile that
         # fails never runs it.
@@ -125,10 +126,12 @@ class RewriteBackend:
             )(gm, example_inputs)
         return direct.get("fn") or wrapped
 
-    def compile_graph(self, gm: torch.fx.GraphModule, name: str, unit: CompileUnit, frozen: dict, gear_spec):
+    def compile_graph(self, gm: torch.fx.GraphModule, name: str, unit: CompileUnit, frozen: dict, gear_spec,
+                      example_inputs=None):
         """Compile the AOT graph of ``unit`` into a callable; errors name the node and the reason.
 
         ``name`` is ``unit.name``, the second argument for subclasses that label the graphs they see.
+        ``example_inputs`` (AOT's) are what the user's post_grad passes get (see rewrite.user_passes).
         """
         rep = unit.report
         # config.cache.dir: the optimized graph and gear graphs of this AOT graph may be cached (rewrite.cache.aot).
@@ -146,12 +149,15 @@ class RewriteBackend:
             rep.notes.append("optimized graphs from the compile cache")
         else:
             with rep.stage("import"):
-                graph = from_fx(gm, name=name)
+                graph = run_pre_pass(gm, example_inputs, unit, name)  # config.post_grad_custom_pre_pass, then from_fx
                 graph = annotate_streams(graph, self.config, rep)
                 _freeze(graph, frozen)
                 rep.ops_before = graph.op_counts()
             dump_graph(graph, unit, "before")
             graph = optimize(graph, self.config, rep)
+            if self.config.post_grad_custom_post_pass is not None:
+                with rep.stage("post_grad_custom_post_pass"):
+                    graph = annotate_streams(run_post_pass(graph, gm, example_inputs, unit), self.config, rep)
         self.on_optimized(graph, unit, frozen, gear_spec)
         rep.ops_after = graph.op_counts()
         dump_graph(graph, unit, "after")

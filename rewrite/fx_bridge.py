@@ -100,6 +100,13 @@ def from_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
             raise
         except Exception as e:  # name the node that broke conversion
             raise CompileError(f"node {fx_node.name} ({fx_node.target}): cannot convert to the rewrite IR: {e}") from e
+        # A graph that came from the IR (to_fx) gets its nodes' attributes and wait edges back.
+        kept = fx_node.meta.get(_IR_ATTRS)
+        if kept:
+            node.attrs.update({k: v for k, v in kept.items() if k not in node.attrs})
+        waits = fx_node.meta.get(_IR_WAITS)
+        if waits:
+            node.waits = tuple(env[w] for w in waits if w in env)
         env[fx_node] = node
     # Subgraph constants referenced only by HOP args are no longer needed as nodes.
     g.prune()
@@ -146,8 +153,40 @@ def _finite_int(bound) -> int | None:
         return None
 
 
-def to_fx(g: Graph) -> torch.fx.GraphModule:
-    """Convert a rewrite `Graph` back to a runnable FX GraphModule."""
+_IR_ATTRS, _IR_WAITS = "rewrite_attrs", "rewrite_waits"  # FX node meta keys to_fx fills and from_fx reads
+
+
+def fake_value(meta, fake_mode):
+    """An FX ``meta['val']`` for an IR meta: FakeTensors (contiguous) and SymInts of ``fake_mode``'s
+    ShapeEnv; None where the meta has no such form."""
+    shape_env = fake_mode.shape_env
+
+    def size(e):
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return int(e)
+        if shape_env is None:
+            raise CompileError(f"symbolic size {e} needs a ShapeEnv")
+        hint = int(shape_env.guarding_hint_or_throw(e)) if shape_env.has_guarding_hint(e) else None
+        return shape_env.create_symintnode(e, hint=hint)
+
+    if isinstance(meta, TensorMeta) and meta.shape is not None:
+        with fake_mode:
+            return torch.empty([size(s) for s in meta.shape], dtype=meta.dtype, device=meta.device)
+    if isinstance(meta, SymMeta) and meta.pytype is int:
+        return size(meta.expr)
+    if isinstance(meta, tuple):
+        return tuple(fake_value(m, fake_mode) for m in meta)
+    return None
+
+
+def to_fx(g: Graph, fake_mode=None) -> torch.fx.GraphModule:
+    """Convert a rewrite `Graph` back to a runnable FX GraphModule.
+
+    Each FX node keeps its IR node's attributes and wait edges in its meta (`from_fx` restores
+    them); with ``fake_mode`` (the FakeTensorMode the graph was traced under) every node also gets
+    ``meta['val']``, as FX passes expect.
+    """
     root = torch.nn.Module()
     fx_graph = torch.fx.Graph()
     env: dict[int, torch.fx.Node] = {}
@@ -181,6 +220,16 @@ def to_fx(g: Graph) -> torch.fx.GraphModule:
         else:
             fx_graph.output(lower(n.args[0]))
             continue
+        if isinstance(fx_node, torch.fx.Node):
+            extra = {k: v for k, v in n.attrs.items() if k != "value"}
+            if extra:
+                fx_node.meta[_IR_ATTRS] = extra
+            if n.waits:
+                fx_node.meta[_IR_WAITS] = [env[w.id] for w in n.waits if isinstance(env.get(w.id), torch.fx.Node)]
+            if fake_mode is not None and n.meta is not None:
+                val = fake_value(n.meta, fake_mode)
+                if val is not None:
+                    fx_node.meta["val"] = val
         env[n.id] = fx_node
     return torch.fx.GraphModule(root, fx_graph)
 

@@ -184,18 +184,20 @@ def _arg_meta(node: Node):
     return node.meta
 
 
-def infer_graph(graph: Graph, symbols=None, *, check: bool = False, strict: bool = False) -> None:
+def infer_graph(graph: Graph, symbols=None, *, check: bool = False, strict: bool = False,
+                missing_only: bool = False) -> None:
     """(Re)compute every node's meta in order, placeholders' metas being the given input metas.
 
     ``symbols``: a `ShapeContext` to share (subgraphs of control flow share their parent's);
     by default one over ``graph.symbols``. ``check=True`` raises `ShapeMismatch` where the new
     meta differs from the one already on the node (tests compare with what Dynamo recorded).
     An op whose shape cannot be inferred keeps the meta it has (logged); with ``strict=True``, or
-    when it has none, the error is raised, naming the node.
+    when it has none, the error is raised, naming the node. ``missing_only=True`` infers only the
+    nodes that have no meta (nodes a user's FX pass added without ``meta['val']``).
     """
     ctx = ShapeContext.of(symbols if symbols is not None else graph.symbols)
     for node in graph.nodes:
-        if node.kind in ("placeholder", "output"):
+        if node.kind in ("placeholder", "output") or (missing_only and node.meta is not None):
             continue
         if node.kind == "constant":
             if isinstance(node.value, (torch.Tensor, int, float, bool)):

@@ -38,7 +38,6 @@ import copy
 import dataclasses
 import functools
 import importlib
-import sys
 import time
 import traceback
 from typing import Any, Callable, Sequence
@@ -50,6 +49,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from ..ops import dtype_str
+from ..user_passes import apply_fx_pass, takes_graph
 from .dynamic import SizeConstraints
 from .equivalence import _storage, compare_tensors, describe_inputs, tolerance
 from .fx_graphs import (
@@ -200,45 +200,6 @@ def _snapshot(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return ref
 
 
-def _takes_graph(pass_fn) -> bool:
-    """Inductor's custom graph passes (``CustomGraphPass``) are called with ``gm.graph``, as Inductor does."""
-    return any(c.__name__ == "CustomGraphPass" and c.__module__.startswith("torch._inductor")
-               for c in type(pass_fn).__mro__)
-
-
-def _pass_environment(gm: torch.fx.GraphModule):
-    """Inductor runs its graph passes with ``V.fake_mode`` set: do the same when the pass uses Inductor."""
-    if "torch._inductor.virtualized" not in sys.modules:
-        return contextlib.nullcontext()
-    from torch._guards import detect_fake_mode
-    from torch._inductor.virtualized import V
-
-    vals = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
-    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    return V.set_fake_mode(mode) if mode is not None else contextlib.nullcontext()
-
-
-def _apply(pass_fn, gm: torch.fx.GraphModule, takes: str) -> torch.fx.GraphModule:
-    """Run the pass the way its kind expects; return the graph module to run afterwards."""
-    arg = gm.graph if takes == "graph" else gm
-    with _pass_environment(gm):
-        result = pass_fn(arg)
-    if isinstance(result, torch.fx.GraphModule):
-        out = result
-    elif isinstance(result, torch.fx.Graph):
-        out = gm if result is gm.graph else torch.fx.GraphModule(gm, result)
-    elif hasattr(result, "graph_module"):  # torch.fx.passes.infra PassResult
-        out = result.graph_module
-    elif result is None or isinstance(result, (bool, int)):  # in place (pattern passes return a count)
-        out = gm
-    else:
-        raise TypeError(f"the pass returned {type(result).__name__}; expected a GraphModule, a Graph, or None "
-                        "(after changing the graph in place)")
-    out.graph.lint()
-    out.recompile()
-    return out
-
-
 def _traceback_of_pass(error: BaseException) -> str:
     """The traceback from the pass's own frames down (our frames above it say nothing)."""
     tb = error.__traceback__
@@ -334,7 +295,7 @@ def _probe(pass_fn, takes: str, cases: Callable, ops: Sequence[str], dynamic: bo
                 return
             before = case.gm.code
             try:
-                hit.append(_apply(pass_fn, case.gm, takes).code != before)
+                hit.append(apply_fx_pass(pass_fn, case.gm, takes).code != before)
             except Exception:  # noqa: BLE001 - the main check reports the crash with its graph
                 hit.append(True)
             if not hit[-1]:
@@ -356,7 +317,9 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     ``pass_fn(gm)`` gets a ``torch.fx.GraphModule`` of ATen ops with ``meta["val"]`` (FakeTensors)
     and ``meta["tensor_meta"]`` on its nodes, and returns a GraphModule or changes ``gm`` in place
     and returns None (``takes="graph"``: it gets ``gm.graph``, as Inductor's graph passes do;
-    Inductor ``CustomGraphPass`` objects are called that way automatically). Graphs are traced
+    Inductor ``CustomGraphPass`` objects are called that way automatically; a TorchAir-style
+    ``pass_fn(gm, example_inputs, config)`` gets the placeholders' fake values and a default
+    config: `rewrite.user_passes` calls passes as the backend's post_grad hooks do). Graphs are traced
     with ``decompositions``: ``"core"`` (the core ATen opset), ``"inductor"`` (what Inductor's
     post-grad passes see), None, or a decomposition table.
 
@@ -374,7 +337,7 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     """
     exact, tol = _tolerance_option(tolerance)
     if takes is None:
-        takes = "graph" if _takes_graph(pass_fn) else "module"
+        takes = "graph" if takes_graph(pass_fn) else "module"
     if takes not in ("module", "graph"):
         raise ValueError(f"takes={takes!r}: use 'module' (the pass gets the GraphModule) or 'graph' (gm.graph)")
     if examples < 1:
@@ -398,7 +361,7 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
             case = data.draw(strategy, label="graph")
         before = _snapshot(case.gm)
         try:
-            after = _apply(pass_fn, case.gm, takes)
+            after = apply_fx_pass(pass_fn, case.gm, takes)
         except Exception as e:  # noqa: BLE001 - a pass that crashes is a finding, reported with its graph
             raise _failure(name, f"the pass raised {type(e).__name__}: {e}", case, before, None,
                            detail="traceback of the pass:\n" + _traceback_of_pass(e)) from None
