@@ -7,6 +7,7 @@
   strings, dtypes, devices and lists/optionals of those, and which is not in `DENIED` (ops that
   read or write files, print, or change process state);
 * a higher-order op in `HIGHER_ORDER` (those the IR and shape engine know);
+* one of `FUSED_OPS`, the fused kernels rewrite's own rules emit (oneDNN's linear with a post-op);
 * one of `rewrite.ops.SIZE_FUNCTIONS` (Python's size arithmetic).
 
 The name is matched against the registry's own list of names before any lookup, so a file cannot
@@ -29,10 +30,12 @@ from .. import ops
 from ..ir import Graph, Node
 from .checks import describe, fail
 
-__all__ = ["NAMESPACES", "HIGHER_ORDER", "DENIED", "resolve_op", "check_call", "check_size_growth"]
+__all__ = ["NAMESPACES", "HIGHER_ORDER", "FUSED_OPS", "DENIED", "resolve_op", "check_call", "check_size_growth"]
 
 NAMESPACES = ("aten", "prims", "rewrite_stream", "_c10d_functional", "_c10d_functional_autograd")
 HIGHER_ORDER = ("cond", "while_loop")
+# Overloads outside those namespaces that rewrite's own rules put into graphs (rules/fused.py).
+FUSED_OPS = frozenset({"mkldnn._linear_pointwise.default", "mkldnn._linear_pointwise.binary"})
 # Registered ops of those namespaces that are not tensor computations: they read or write files,
 # print, or change state outside the tensors they are given.
 DENIED = frozenset({
@@ -85,7 +88,7 @@ def resolve_op(name, where: str):
         raise fail(where, f"op {name!r} is not of the form namespace.op.overload, higher_order.op or one of the "
                           f"allowed Python functions {sorted(ops.SIZE_FUNCTIONS)}")
     ns, op, _ = m.groups()
-    if ns not in NAMESPACES:
+    if ns not in NAMESPACES and name not in FUSED_OPS:
         raise fail(where, f"op {name!r} is not allowed: namespace {ns!r} is not one of {list(NAMESPACES)}")
     if f"{ns}.{op}" in DENIED:
         raise fail(where, f"op {name!r} is not allowed: it touches files or process state, not only tensors")

@@ -439,7 +439,7 @@ def _load(export_path: str, export_name: str, config, rank) -> ExportedModel:
     manifest_path = confined_path(export_path, manifest_name, "export_name")
     if os.path.lexists(single):
         program, weights = _read_rank_files(export_path, single, single_name, None)
-        return ExportedModel(program, weights, config, None, where=single_name)
+        return _model(program, weights, config, None, single)
     if not os.path.lexists(manifest_path):
         found = sorted(f for f in os.listdir(export_path) if f.endswith(".json"))[:20]
         raise ExportError(f"{export_path} holds neither {single_name} nor {manifest_name} "
@@ -455,7 +455,20 @@ def _load(export_path: str, export_name: str, config, rank) -> ExportedModel:
             path = confined_path(export_path, label, at(manifest_name, "ranks"))
             program, weights = _read_rank_files(export_path, path, label, entry["graph_sha256"])
         groups = _resolve_groups(manifest)
-    return ExportedModel(program, weights, config, groups, where=label)
+    return _model(program, weights, config, groups, path)
+
+
+def _model(program: dict, weights: WeightReader, config, groups, path: str) -> ExportedModel:
+    """The loaded model; with ``config.cache.dir``, a geared export's gear graphs come from the cache."""
+    where = os.path.basename(path)
+    if config is None or config.cache.dir is None or program.get("gears") is None:
+        return ExportedModel(program, weights, config, groups, where=where)
+    from ..cache.loads import GearGraphCache
+
+    cache = GearGraphCache(config, program, weights, path)
+    model = ExportedModel(program, weights, config, groups, where=where, gear_graphs=cache.load())
+    cache.store()
+    return model
 
 
 def _read_rank_files(export_path: str, path: str, label: str, expected_sha: str | None):
