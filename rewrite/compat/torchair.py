@@ -97,7 +97,7 @@ class data_dump(_NpuOnlyScope):  # noqa: N801
     pass
 
 
-inference = types.SimpleNamespace(set_dim_gears=_inference.set_dim_gears)
+inference = types.SimpleNamespace(set_dim_gears=_inference.set_dim_gears, cache_compile=_inference.cache_compile)
 
 # npugraph_ex's options (torchair's _process_kwargs_options): option -> (rewrite config path or None when
 # rewrite needs no setting for it, allowed values). Options without a path are accepted for portability:
