@@ -4,6 +4,7 @@
     python -m rewrite rules                print the optimization schedule: passes, rulesets, rules
     python -m rewrite check-rules MODULE   check every rule of a user's ruleset module numerically
     python -m rewrite check-pass MOD:FN    check a torch.fx pass on random graphs (rewrite.testing.check_fx_pass)
+    python -m rewrite cache ls|info KEY|clear [--dir D]   the compile cache's entries and their key fields
 """
 from __future__ import annotations
 
@@ -65,6 +66,34 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _cache(args) -> int:
+    import json
+    import os
+
+    from .cache import store
+
+    if not os.path.isdir(args.dir):
+        print(f"no cache folder {args.dir}")
+        return 0 if args.action != "info" else 2
+    if args.action == "ls":
+        print(store.describe_entries(args.dir))
+    elif args.action == "clear":
+        print(f"removed {store.clear(args.dir)} entries from {args.dir}")
+    else:
+        if not args.key:
+            print("error: python -m rewrite cache info KEY (an entry's path or hash prefix, as `cache ls` prints)",
+                  file=sys.stderr)
+            return 2
+        found = store.find(args.dir, args.key)
+        if not found:
+            print(f"error: no entry {args.key!r} in {args.dir}", file=sys.stderr)
+            return 2
+        for rel, record in found:
+            print(rel)
+            print(json.dumps(record, indent=1, sort_keys=True) if isinstance(record, dict) else f"damaged: {record}")
+    return 0
+
+
 def _demo(args) -> int:
     from .demo import run_demo
 
@@ -98,6 +127,11 @@ def main(argv=None) -> int:
     fx.add_argument("--takes", choices=["module", "graph"], help="pass gm.graph instead of gm (Inductor style)")
     fx.add_argument("--tolerance", type=float, nargs=2, metavar=("RTOL", "ATOL"), help="compare within a tolerance")
     fx.set_defaults(run=_check_pass)
+    cache = sub.add_parser("cache", help="list, inspect or clear a compile cache folder")
+    cache.add_argument("action", choices=["ls", "info", "clear"])
+    cache.add_argument("key", nargs="?", help="info: an entry's path or hash prefix (as `ls` prints)")
+    cache.add_argument("--dir", default=".rewrite_cache", help="the cache folder (default .rewrite_cache)")
+    cache.set_defaults(run=_cache)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s %(levelname)s: %(message)s")

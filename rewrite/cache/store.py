@@ -223,3 +223,60 @@ class CacheDir:
 
 def entry_name(fields: dict) -> str:
     return key_hash(fields)
+
+
+def _size(folder: str) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def find(root: str, key: str) -> list[tuple[str, object]]:
+    """Entries whose relative path, folder name (or a prefix of it) or label is ``key``."""
+    out = []
+    for rel, record in entries(root):
+        label = record.get("label") if isinstance(record, dict) else None
+        if key in (rel, label) or os.path.basename(rel).startswith(key):
+            out.append((rel, record))
+    return out
+
+
+def clear(root: str) -> int:
+    """Remove every entry under ``root`` (and leftovers of interrupted writes); returns how many.
+
+    Only folders holding a key file and this module's own ``.tmp-``/``.trash-`` folders are removed,
+    so pointing it at a wrong folder does not delete anything else.
+    """
+    root = os.path.abspath(root)
+    n = 0
+    for rel, _ in list(entries(root)):
+        CacheDir(root).remove(rel)
+        n += 1
+    for folder, dirs, _ in os.walk(root):
+        for d in list(dirs):
+            if d.startswith((".tmp-", ".trash-")):
+                shutil.rmtree(os.path.join(folder, d), ignore_errors=True)
+                dirs.remove(d)
+    for folder, dirs, files in sorted(os.walk(root, topdown=False), reverse=False):
+        if folder != root and not os.listdir(folder):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+    return n
+
+
+def describe_entries(root: str) -> str:
+    lines = []
+    for rel, record in entries(root):
+        if isinstance(record, dict):
+            lines.append(f"{rel}  {record['kind']}  {record['label']}  {record['created']}  "
+                         f"{_size(os.path.join(root, rel)) / 1e6:.2f} MB")
+        else:
+            lines.append(f"{rel}  damaged: {record}")
+    return "\n".join(lines) if lines else f"no cache entries in {root}"
