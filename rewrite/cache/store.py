@@ -154,6 +154,7 @@ class CacheDir:
         count("misses")
         log.warning("cache entry %s is damaged or does not fit (%s: %s); compiling again", folder,
                     type(error).__name__, str(error)[:300])
+        self.remove(os.path.relpath(folder, self.root))  # so the next write replaces it
 
     # -- writing ------------------------------------------------------------------------------
     def write(self, rel: str, fields: dict, files: list[tuple[str, bytes]], *, kind: str, label: str) -> bool:

@@ -1,0 +1,375 @@
+"""The compile cache (issue 17): config.cache.dir, rewrite.inference.cache_compile, cached gear graphs of loads.
+
+Hits are checked in fresh processes by counters (rewrite.cache.counters, and calls of the optimizer);
+every key field change is a miss naming the field; damaged entries are misses and are rewritten;
+two processes writing one entry both succeed; RNG graphs are refused; results equal eager at every gear.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import rewrite
+from rewrite.cache import counters
+from rewrite.cache.compile import RNG_MESSAGE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A TorchAir-style model (tests/st/torchair_cache_compile_st.py): two cached methods, gears on the batch.
+SCRIPT = textwrap.dedent('''
+    import json, sys, torch, rewrite
+    import rewrite.backend, rewrite.optimizer
+    from rewrite.cache import counters
+    optimized = []
+    real = rewrite.optimizer.optimize
+    def counting(*a, **k):
+        optimized.append(1)
+        return real(*a, **k)
+    rewrite.optimizer.optimize = rewrite.backend.optimize = counting
+    mode, cache = sys.argv[1], sys.argv[2]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear1 = torch.nn.Linear(8, 16)
+            self.linear2 = torch.nn.Linear(16, 4)
+            if mode == "function":
+                self.cached_prompt = rewrite.inference.cache_compile(self.prompt, cache_dir=cache)
+                self.cached_decode = rewrite.inference.cache_compile(self.decode, cache_dir=cache)
+        def prompt(self, x):
+            return self.linear2(torch.relu(self.linear1(x))) * 2
+        def decode(self, x, y):
+            return self.linear2(self.linear1(x) + y[0]).sum(-1)
+
+    model = Model().eval()
+    if mode == "graph":
+        cfg = rewrite.CompilerConfig()
+        cfg.cache.dir = cache
+        compiled = torch.compile(model.prompt, backend=rewrite.get_backend(cfg), dynamic=True)
+    results = []
+    for batch in (4, 2):
+        x = torch.randn(batch, 8)
+        rewrite.inference.set_dim_gears(x, dim_gears={0: [2, 4]})
+        y = [torch.randn(batch, 16)]
+        with torch.no_grad():
+            if mode == "graph":
+                got = [compiled(x)]
+                want = [model.prompt(x)]
+            else:
+                got = [model.cached_prompt(x), model.cached_decode(x, y)]
+                want = [model.prompt(x), model.decode(x, y)]
+        results.append(all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want)))
+    print(json.dumps({"counters": dict(counters), "optimized": len(optimized), "equal": results}))
+''')
+
+
+def _run(tmp_path, mode: str, cache: str, n: int = 1) -> list[dict]:
+    """Run the script ``n`` times at once in fresh processes; their reports."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script), mode, cache], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path)) for _ in range(n)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-3000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def _entries(root) -> list:
+    from rewrite.cache.store import entries
+
+    return list(entries(str(root)))
+
+
+@pytest.mark.parametrize("mode", ["graph", "function"])
+def test_two_writers_then_a_hit_in_a_fresh_process(tmp_path, mode):
+    cache = str(tmp_path / "cache")
+    first = _run(tmp_path, mode, cache, n=2)  # two processes write the same entries at once: both succeed
+    for report in first:
+        assert report["equal"] == [True, True]
+        assert report["counters"].get("hits", 0) == 0 and report["optimized"] > 0
+    found = _entries(cache)
+    assert len(found) == (1 if mode == "graph" else 2) and all(isinstance(r, dict) for _, r in found)
+    assert not [d for d, _, _ in os.walk(cache) if os.path.basename(d).startswith((".tmp-", ".trash-"))]
+    (again,) = _run(tmp_path, mode, cache)
+    assert again["equal"] == [True, True]
+    assert again["optimized"] == 0  # nothing optimized: neither the graph nor any gear
+    assert again["counters"].get("misses", 0) == 0 and again["counters"]["hits"] == (1 if mode == "graph" else 2)
+    assert again["counters"].get("traced", 0) == 0  # cache_compile: Dynamo never ran
+
+
+# -- config.cache.dir in this process ---------------------------------------------------------------
+
+class Small(torch.nn.Module):
+    def __init__(self, n=8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(n, n)
+        self.b = torch.nn.Linear(n, n)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))) + 1
+
+
+def _compile_once(model, x, config, gears=None):
+    torch._dynamo.reset()
+    if gears:
+        rewrite.inference.set_dim_gears(x, dim_gears={0: gears})
+    fn = torch.compile(model, backend=rewrite.get_backend(config), dynamic=True)
+    with torch.no_grad():
+        got = fn(x)
+        assert torch.allclose(got, model(x), atol=1e-5)
+    return got
+
+
+def _misses(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "cache miss" in r.getMessage()]
+
+
+def test_each_key_field_is_a_miss_naming_it(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rewrite")
+    config = rewrite.CompilerConfig()
+    config.cache.dir = str(tmp_path)
+    model, x = Small(), torch.randn(4, 8)
+    _compile_once(model, x, config, [2, 4])
+    before = dict(counters)
+    _compile_once(model, x, config, [2, 4])
+    assert counters["hits"] == before.get("hits", 0) + 1
+
+    def miss(field, *args, **kw):
+        caplog.clear()
+        _compile_once(*args, **kw)
+        assert any(field in m for m in _misses(caplog)), (field, _misses(caplog))
+
+    miss("gears", model, torch.randn(4, 8), config, [4, 8])
+    other = rewrite.CompilerConfig()
+    other.cache.dir = str(tmp_path)
+    other.rules.disabled = ["algebra"]
+    miss("config", model, x, other, [2, 4])
+    miss("dtype", model.double(), x.double(), config, [2, 4])
+    model.float()
+    miss("graph", Small(16), torch.randn(4, 16), config, [2, 4])
+    frozen = rewrite.CompilerConfig()
+    frozen.cache.dir = str(tmp_path)
+    frozen.experimental_config.frozen_parameter = True
+    _compile_once(model, x, frozen, [2, 4])
+    with torch.no_grad():
+        model.a.weight[0, 0] += 1  # other weight values: a frozen graph must not be reused
+    miss("weights", model, x, frozen, [2, 4])
+
+
+def test_damaged_entries_are_misses_and_rewritten(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rewrite")
+    config = rewrite.CompilerConfig()
+    config.cache.dir = str(tmp_path)
+    config.experimental_config.frozen_parameter = True  # weights by reference, folded ones in files
+    model, x = Small(), torch.randn(4, 8)
+    _compile_once(model, x, config, [2, 4])
+    (rel, _), = _entries(tmp_path)
+    folder = tmp_path / rel
+    for damage in ("truncate", "garbage", "key", "remove"):
+        path = folder / ("key.json" if damage == "key" else "graphs.json")
+        if damage == "truncate":
+            path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+        elif damage in ("garbage", "key"):
+            path.write_bytes(b'{"format": "rewrite.cache.graphs", "version": 2, "graphs": {"graph": 7}}')
+        else:
+            path.unlink()
+        before = counters["damaged"]
+        _compile_once(model, x, config, [2, 4])  # compiles again, result still right (checked inside)
+        assert counters["damaged"] == before + 1, damage
+        hits = counters["hits"]
+        _compile_once(model, x, config, [2, 4])  # the rewritten entry is good again
+        assert counters["hits"] == hits + 1, damage
+
+
+def test_an_unwritable_cache_warns_once_and_compiles(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    config = rewrite.CompilerConfig()
+    config.cache.dir = str(blocker / "cache")
+    for _ in range(2):
+        _compile_once(Small(), torch.randn(4, 8), config)
+    warnings = [r for r in caplog.records if "cannot write" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_gear_progress_lines(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rewrite")
+    _compile_once(Small(), torch.randn(4, 8), rewrite.CompilerConfig(), [2, 4, 8])
+    lines = [r.getMessage() for r in caplog.records if "compiled in" in r.getMessage() and "gear" in r.getMessage()]
+    assert len(lines) == 3 and "gear 1/3" in lines[0]
+    caplog.clear()
+    logging.getLogger("rewrite").setLevel(logging.WARNING)
+    try:
+        _compile_once(Small(), torch.randn(4, 8), rewrite.CompilerConfig(), [2, 4, 8])
+    finally:
+        logging.getLogger("rewrite").setLevel(logging.NOTSET)
+    assert not [r for r in caplog.records if "compiled in" in r.getMessage()]
+
+
+# -- cache_compile in this process --------------------------------------------------------------
+
+class TwoMethods(torch.nn.Module):
+    def __init__(self, cache_dir, **kw):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(8, 8)
+        self.cached = rewrite.inference.cache_compile(self.inner, cache_dir=cache_dir, **kw)
+
+    def inner(self, x, *, scale):
+        return self.linear(x) * scale
+
+    def forward(self, x):
+        return self.cached(x, scale=2.0)
+
+
+def test_cache_compile_key_fields_and_damage(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rewrite")
+    m = TwoMethods(str(tmp_path))
+    x = torch.randn(3, 8)
+    assert torch.allclose(m(x), m.inner(x, scale=2.0), atol=1e-6)
+    assert (tmp_path / "TwoMethods" / "inner" / "program.json").is_file()
+    hits = counters["hits"]
+    m2 = TwoMethods(str(tmp_path))
+    assert torch.allclose(m2(x), m2.inner(x, scale=2.0), atol=1e-6)
+    assert counters["hits"] == hits + 1
+
+    def miss(field, model, *args):
+        caplog.clear()
+        traced = counters["traced"]
+        assert torch.allclose(model(*args), model.inner(*args, scale=2.0), atol=1e-5)
+        assert counters["traced"] == traced + 1
+        assert any(field in m for m in _misses(caplog)), (field, _misses(caplog))
+
+    m3 = TwoMethods(str(tmp_path))
+    with torch.no_grad():
+        m3.linear.weight.mul_(2)  # weights are frozen into the program: other values are a miss
+    miss("weights", m3, x)
+    miss("dtype", TwoMethods(str(tmp_path)).double(), x.double())
+    m4 = TwoMethods(str(tmp_path))
+    m4.linear = torch.nn.Linear(8, 8, bias=False)
+    miss("parameters", m4, x)
+    config = rewrite.CompilerConfig()
+    config.rules.disabled = ["algebra"]
+    miss("config", TwoMethods(str(tmp_path), config=config), x)
+
+    def inner(self, x, *, scale):
+        return self.linear(x) * scale + 0.0
+
+    Edited = type("TwoMethods", (TwoMethods,), {"inner": inner})  # the same script, its method edited
+    miss("code", Edited(str(tmp_path), config=config), x)
+    # damaged: a truncated program is a miss, compiled again and rewritten
+    program = tmp_path / "TwoMethods" / "inner" / "program.json"
+    program.write_bytes(program.read_bytes()[:100])
+    damaged = counters["damaged"]
+    m5 = Edited(str(tmp_path), config=config)
+    assert torch.allclose(m5(x), m5.inner(x, scale=2.0), atol=1e-5)
+    assert counters["damaged"] == damaged + 1
+    hits = counters["hits"]
+    m6 = Edited(str(tmp_path), config=config)
+    m6(x)
+    assert counters["hits"] == hits + 1
+
+
+def test_cache_compile_refuses_rng_and_bad_arguments(tmp_path):
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cached = rewrite.inference.cache_compile(self.inner, cache_dir=str(tmp_path))
+
+        def inner(self, x):
+            return x + torch.randn(x.shape)
+
+    with pytest.raises(rewrite.CompileError, match=RNG_MESSAGE):
+        Noisy().cached(torch.randn(2, 2))
+    assert not _entries(tmp_path)
+    with pytest.raises(TypeError, match="bound method"):
+        rewrite.inference.cache_compile(lambda x: x)
+    config, other = rewrite.CompilerConfig(), rewrite.CompilerConfig()
+    other.mode = "reduce-overhead"
+    with pytest.raises(ValueError, match="config in current backend is different"):
+        rewrite.inference.cache_compile(Small().forward, config=config, backend=rewrite.get_backend(other))
+
+
+def test_compat_spelling(tmp_path):
+    import rewrite.compat.torchair as torchair
+
+    model, x = Small(), torch.randn(2, 8)
+    cached = torchair.inference.cache_compile(model.forward, cache_dir=str(tmp_path),
+                                              backend=torchair.get_npu_backend())
+    assert torch.allclose(cached(x), model(x), atol=1e-6)
+    assert (tmp_path / "Small" / "forward" / "key.json").is_file()
+
+
+def test_results_equal_eager_at_every_gear(tmp_path):
+    """BERT (HF, small config) through cache_compile: compiled, then loaded by a new wrapper, every gear."""
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = rewrite.models.bert()
+            self.cached = rewrite.inference.cache_compile(self.encode, cache_dir=str(tmp_path))
+
+        def encode(self, ids):
+            return self.bert(ids).last_hidden_state
+
+    for round_ in range(2):
+        m = Encoder()
+        hits = counters["hits"]
+        for batch in (4, 1, 2):
+            ids = rewrite.models.token_batch(batch, 16)
+            rewrite.inference.set_dim_gears(ids, dim_gears={0: [1, 2, 4]})
+            with torch.no_grad():
+                assert torch.allclose(m.cached(ids), m.encode(ids), atol=1e-5)
+        if round_:
+            assert counters["hits"] == hits + 1
+
+
+def test_geared_export_load_reuses_gear_graphs(tmp_path):
+    model = Small()
+    x = torch.randn(4, 8)
+    rewrite.inference.set_dim_gears(x, dim_gears={0: [2, 4]})
+    rewrite.dynamo_export(x, model=model, export_path=str(tmp_path / "export"), dynamic=True)
+    config = rewrite.CompilerConfig()
+    config.cache.dir = str(tmp_path / "cache")
+    first = rewrite.load(str(tmp_path / "export"), config=config)
+    hits = counters["hits"]
+    second = rewrite.load(str(tmp_path / "export"), config=config)
+    assert counters["hits"] == hits + 1
+    assert "gear graphs" in second.report.applied and not second.report.stage_seconds.get("egraph.saturate")
+    for batch in (2, 4):
+        y = torch.randn(batch, 8)
+        with torch.no_grad():
+            assert torch.allclose(second(y), model(y), atol=1e-5) and torch.allclose(first(y), second(y))
+
+
+def test_cli(tmp_path, capsys):
+    from rewrite.cli import main
+
+    config = rewrite.CompilerConfig()
+    config.cache.dir = str(tmp_path)
+    _compile_once(Small(), torch.randn(4, 8), config)
+    assert main(["cache", "ls", "--dir", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("graphs/") and "g" in line
+    key = line.split()[0].split("/")[1][:8]
+    assert main(["cache", "info", key, "--dir", str(tmp_path)]) == 0
+    info = capsys.readouterr().out
+    for field in ("graph", "inputs", "config", "weights", "gears", "versions", "device", "dtype"):
+        assert f'"{field}"' in info
+    assert main(["cache", "info", "nope", "--dir", str(tmp_path)]) == 2
+    (tmp_path / "keep.txt").write_text("not ours")
+    assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
+    assert "removed 1" in capsys.readouterr().out
+    assert not _entries(tmp_path) and (tmp_path / "keep.txt").is_file()
