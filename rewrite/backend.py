@@ -30,6 +30,7 @@ from .ir import Graph
 from .optimizer import optimize
 from .report import CompileReport
 from .scope import annotate_streams
+from .shape.size_inputs import read_sizes_from_tensors
 from .unit import CompileUnit
 from .user_passes import run_post_pass, run_pre_pass
 
@@ -151,6 +152,7 @@ class RewriteBackend:
             with rep.stage("import"):
                 graph = run_pre_pass(gm, example_inputs, unit, name)  # config.post_grad_custom_pre_pass, then from_fx
                 graph = annotate_streams(graph, self.config, rep)
+                rep.count("sizes_read_from_tensors", read_sizes_from_tensors(graph))
                 _freeze(graph, frozen)
                 rep.ops_before = graph.op_counts()
             dump_graph(graph, unit, "before")

@@ -196,6 +196,9 @@ class ExportedModel:
                 for d, (want, got) in enumerate(zip(meta.shape, value.shape)):
                     self._check_dim(want, int(got), leaf, d, values, deferred)
             elif isinstance(meta, SymMeta) and isinstance(meta.expr, sympy.Symbol):
+                if meta.expr in values and values[meta.expr] != value:
+                    raise ExportError(f"input {_leaf_name(self.program, leaf)} is {value}, but size {meta.expr} is "
+                                      f"{values[meta.expr]} from another input; the exported graph needs them equal")
                 values[meta.expr] = value
         for want, got, leaf, d in deferred:
             expected = sympy.sympify(want).subs(values)

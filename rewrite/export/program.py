@@ -129,6 +129,8 @@ def _bind_inputs(g: Graph, cap: Captured, input_spec: dict, leaves: list, weight
     weight_names: dict[str, str] = {}
     bindings: dict[str, dict] = {}
     drop = []
+    unread = []  # sizes the graph reads from a tensor input instead (rewrite.shape.size_inputs): no argument needed
+    read = {i.id for n in g.nodes for i in n.inputs}
     for i, (p, example, source) in enumerate(zip(placeholders, cap.example_inputs, cap.sources)):
         if i in cap.frozen or (isinstance(example, torch.Tensor) and id(example) not in leaf_by_id):
             if i not in cap.frozen:
@@ -141,10 +143,13 @@ def _bind_inputs(g: Graph, cap: Captured, input_spec: dict, leaves: list, weight
             expr = p.meta.expr
             origin = symbol_source.get(expr, (None, None))[0] if isinstance(expr, sympy.Symbol) else None
             m = re.fullmatch(r"L\['([^']+)'\]", source)
-            if origin is not None and origin not in {d.name for d in drop}:
-                bindings[p.name] = {"placeholder": p.name, "symbol": str(expr)}
-            elif m and m.group(1) in scalar_leaf_by_name:
+            if m and m.group(1) in scalar_leaf_by_name:  # an argument: taken from the call, checked against the dims
                 bindings[p.name] = {"placeholder": p.name, "leaf": scalar_leaf_by_name[m.group(1)]}
+            elif p.id not in read and all(symbol_source.get(s, (None, None))[0] is not None
+                                          for s in sympy.sympify(expr).free_symbols):
+                unread.append(p)  # a size Dynamo lifted from a tensor; the graph reads the tensor's dim
+            elif origin is not None and origin not in {d.name for d in drop}:
+                bindings[p.name] = {"placeholder": p.name, "symbol": str(expr)}
             else:
                 raise ExportError(f"graph input {p.name} (Dynamo source {source}) is a size the exported model "
                                   "cannot compute from its arguments")
@@ -154,6 +159,8 @@ def _bind_inputs(g: Graph, cap: Captured, input_spec: dict, leaves: list, weight
     for p in drop:
         if any(p in n.inputs for n in g.nodes if n is not p):
             raise ExportError(f"weight input {p.name} is still read after freezing")
+        g.remove(p)
+    for p in unread:
         g.remove(p)
     # Symbols were located by placeholder index; re-point them at the remaining placeholders.
     index = {p.name: i for i, p in enumerate(g.placeholders)}
@@ -187,6 +194,12 @@ def build_program(cap: Captured, model: torch.nn.Module, args: tuple, kwargs: di
     input_spec, leaves = describe_inputs(model, args, kwargs)
     g = cap.graph.copy()
     bindings, weight_names = _bind_inputs(g, cap, input_spec, leaves, _named_weights(model))
+    # The loader checks each recorded meta against shape inference; record what inference derives
+    # (Dynamo's meta may be another form of the same size that only its guards prove equal, e.g.
+    # (s0**2*s1**2)//(4*s0) for s0 in TorchAir's sym-pack model).
+    from ..shape import infer_graph
+
+    infer_graph(g)
     graph_outs = g.outputs if isinstance(g.outputs, (tuple, list)) else (g.outputs,)
     symbolic = [k for k, n in enumerate(graph_outs)
                 if isinstance(getattr(n, "meta", None), SymMeta) and sympy.sympify(n.meta.expr).free_symbols]

@@ -69,3 +69,43 @@ def test_npugraph_ex_backend_name():
         for _ in range(2):
             x = torch.randn(3, 4)
             torch.testing.assert_close(compiled(x), model(x))
+
+
+class _Capture(torchair.NpuBackend):
+    """A get_npu_backend backend that keeps each optimized graph (the on_optimized hook)."""
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.graphs = []
+
+    def on_optimized(self, graph, unit, frozen, gear_spec):
+        self.graphs.append(graph)
+
+
+def _read_inputs(graph) -> list:
+    read = {i.id for n in graph.nodes for i in n.inputs}
+    return [p for p in graph.placeholders if p.id in read]
+
+
+def test_same_sym_pack_merge():
+    """mirrors torchair_st.py::test_same_sym_pack_merge (TorchAir: 8 Data before, 6 after its
+    optimization). Regression (issue 15): a SymInt input equal to a tensor input's dim is read from
+    that dim (aten.sym_size.int), so the graph reads at most 6 inputs (rewrite: 5; Dynamo's lifted
+    size inputs stay in the calling convention, unread)."""
+    class Model(torch.nn.Module):
+        def forward(self, x, y, z, p, m, n):
+            b = p.view([x]) + z.view([x]) + z.view([x])
+            c = m.view([x, x]).sum()
+            a = torch.stack([n, n, n, n])
+            d = (m.view([4, y, y]) + a).sum()
+            return b + c - d
+
+    backend = _Capture()
+    compiled = torch.compile(Model(), backend=backend, dynamic=True)
+    for args in [(6, 3, torch.randn(3, 2), torch.randn(2, 3), torch.randn(36), torch.randn(3, 3)),
+                 (8, 4, torch.randn(4, 2), torch.randn(2, 4), torch.randn(64), torch.randn(4, 4))]:
+        torch.testing.assert_close(compiled(*args), Model()(*args))
+    graph = backend.graphs[0]
+    assert len(graph.placeholders) == 8
+    assert len(_read_inputs(graph)) <= 6
+    assert backend.report.graphs[0].applied.get("sizes_read_from_tensors") == 1

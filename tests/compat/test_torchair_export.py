@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import rewrite
@@ -21,6 +22,11 @@ def _graph(path, name="export") -> dict:
 
 def _tensor_inputs(graph: dict) -> list:
     return [n for n in graph["nodes"] if n["op"] == "placeholder" and "dtype" in (n.get("meta") or {})]
+
+
+def _inputs(graph: dict) -> list:
+    """Every graph input (TorchAir's Data ops): tensors and sizes."""
+    return [n for n in graph["nodes"] if n["op"] == "placeholder"]
 
 
 def test_export(tmp_path):
@@ -53,7 +59,8 @@ def test_export_with_sym(tmp_path):
     size, total = loaded(a, b)
     assert size == 5 and isinstance(size, int)
     torch.testing.assert_close(total, a + b)
-    assert len(_tensor_inputs(_graph(tmp_path))) == 2
+    # TorchAir: 2 Data. Dynamo's lifted size inputs are read from the tensors' dims instead (issue 15).
+    assert len(_inputs(_graph(tmp_path))) == 2
 
 
 def test_export_bf16(tmp_path):
@@ -147,3 +154,30 @@ def test_export_to_fp8(tmp_path):
     got, want = rewrite.load(str(tmp_path))(x, z), Model()(x, z)
     assert [t.dtype for t in got] == [torch.float8_e5m2, torch.float32]
     assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
+
+
+class SymPackModel(torch.nn.Module):
+    """TorchAir's sym-pack model (torchair_st.py::test_same_sym_pack_merge, export_st.py::test_export_with_sym_pack)."""
+
+    def forward(self, x, y, z, p, m, n):
+        b = p.view([x]) + z.view([x]) + z.view([x])
+        c = m.view([x, x]).sum()
+        a = torch.stack([n, n, n, n])
+        d = (m.view([4, y, y]) + a).sum()
+        return b + c - d
+
+
+def test_export_with_sym_pack(tmp_path):
+    """mirrors torchair_export_st.py::test_export_with_sym_pack: 6 inputs (TorchAir: 6 Data). Sizes Dynamo
+    lifted from tensors are read from their dims; the model's own int arguments stay inputs and are
+    checked against the tensors they must match. Regression (issue 15): the export also failed to load
+    (its recorded reshape shape was a form of the size only Dynamo's guards proved equal)."""
+    torchair.dynamo_export(6, 3, torch.randn(3, 2), torch.randn(2, 3), torch.randn(36), torch.randn(3, 3),
+                           model=SymPackModel(), export_path=str(tmp_path), dynamic=True)
+    assert len(_inputs(_graph(tmp_path))) == 6
+    loaded = rewrite.load(str(tmp_path))
+    for args in [(6, 3, torch.randn(3, 2), torch.randn(2, 3), torch.randn(36), torch.randn(3, 3)),
+                 (8, 4, torch.randn(4, 2), torch.randn(2, 4), torch.randn(64), torch.randn(4, 4))]:
+        torch.testing.assert_close(loaded(*args), SymPackModel()(*args))
+    with pytest.raises(rewrite.export.ExportError, match="input y is 5, but size s"):
+        loaded(8, 5, torch.randn(4, 2), torch.randn(2, 4), torch.randn(64), torch.randn(4, 4))
