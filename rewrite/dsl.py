@@ -108,7 +108,7 @@ from .ops import (ALL_DTYPES, FLOATS, INTS, NO_DEFAULT, OpError, canonical_call,
 __all__ = [
     "Pattern", "Var", "Lit", "OpPattern", "variables", "op", "aten", "prims",
     "Condition", "is_float", "is_integer", "is_bool", "dtype_is", "same_dtype", "same_shape",
-    "shape_is", "rank_is", "value_is", "is_uniform", "is_const", "is_scalar", "made_by", "on_device", "dims_agree", "siblings", "SIBLINGS",
+    "shape_is", "rank_is", "value_is", "is_uniform", "is_const", "is_scalar", "made_by", "on_device", "dims_agree", "dim_is", "siblings", "SIBLINGS",
     "Rule", "RuleSet", "rule", "in_domain", "evaluate", "canonical_call", "target_name", "target_from_name",
     "RuleError", "match", "Call", "shape_key", "splat_key", "dtype_str", "same_value",
 ]
@@ -489,6 +489,31 @@ class DimsAgree(Condition):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
+class DimIs(_OnOne):
+    """Dim ``i`` of tensor ``x`` is known to be the number ``size`` (a symbolic size never is)."""
+
+    i: int
+    size: int
+
+    def __repr__(self):
+        return f"dim_is({self._names()}, {self.i}, {self.size})"
+
+    def holds(self, binding):
+        a = _shape_of(self._values(binding)[0])
+        if a is None or not -len(a) <= self.i < len(a):
+            return False
+        return shape_key([a[self.i]]) == shape_key([self.size])
+
+    def to_egglog(self, scope, compiler):
+        return [f'(= (dim (meta {scope.var(self.x.name)}) {self.i}) "{self.size}")'] if self.i >= 0 else \
+            [f"(= {scope.var('_rank_' + self.x.name)} (rank (meta {scope.var(self.x.name)})))",
+             f'(= (dim (meta {scope.var(self.x.name)}) (+ {scope.var("_rank_" + self.x.name)} {self.i})) "{self.size}")']
+
+    def hint(self, hints):
+        hints.setdefault(self.x.name, {}).setdefault("dim_sizes", {})[self.i] = self.size
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class RankIs(_OnOne):
     rank: int
 
@@ -672,6 +697,13 @@ def dims_agree(x: Var, i: int, y: Var, j: int) -> Condition:
     return DimsAgree(_var(x), i, _var(y), j)
 
 
+def dim_is(x: Var, i: int, size: int) -> Condition:
+    """Dim ``i`` of ``x`` (negative: from the end) has the static size ``size`` (``dim_is(x, 2, 1)``)."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (i, size)) or size < 0:
+        raise RuleError(f"dim_is({x!r}, i, size): i must be an int and size a non-negative int, got {i!r}, {size!r}")
+    return DimIs(_var(x), i, size)
+
+
 def rank_is(x: Var, n: int) -> Condition:
     if not isinstance(n, int) or n < 0:
         raise RuleError(f"rank_is({x!r}, n): n must be a non-negative int, got {n!r}")
@@ -844,7 +876,8 @@ class Rule:
     def apply(self, binding: dict):
         """The replacement's value for concrete ``binding`` (tensors / Python values)."""
         if self.is_computed:
-            return self.rhs(**binding)
+            result = self.rhs(**binding)  # a value, or a pattern over the rule's variables (as on the IR)
+            return evaluate(result, binding) if isinstance(result, Pattern) else result
         return evaluate(self.rhs, binding)
 
     def to_egglog(self, compiler, ruleset: str) -> list[str]:

@@ -83,6 +83,7 @@ def from_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
                 kwargs = torch.fx.node.map_arg(fx_node.kwargs, remap)
                 # Subgraph arguments of higher-order ops are inlined as Graph objects.
                 args = map_nodes(args, lambda n: n.value if n.kind == "constant" and isinstance(n.value, Graph) else n)
+                args = _non_negative_dims(fx_node.target, args)
                 node = g.call(fx_node.target, args, kwargs, meta)
                 node.name = fx_node.name
                 stack = fx_node.meta.get("nn_module_stack")
@@ -112,6 +113,16 @@ def from_fx(gm: torch.fx.GraphModule, name: str = "graph") -> Graph:
     g.prune()
     _collect_symbols(g, _shape_env(gm))
     return g
+
+
+def _non_negative_dims(target, args: tuple) -> tuple:
+    """``permute(x, [1, 0, -1, -2])`` -> ``permute(x, [1, 0, 3, 2])``: one spelling per call, so rules
+    (written with non-negative dims) and CSE see the same call."""
+    if target is torch.ops.aten.permute.default and len(args) == 2 and isinstance(args[1], (list, tuple)):
+        rank = getattr(getattr(args[0], "meta", None), "rank", None)
+        if rank and all(isinstance(d, int) and -rank <= d < rank for d in args[1]):
+            return (args[0], [d % rank for d in args[1]])
+    return args
 
 
 def _fetch_attr(gm, target: str):

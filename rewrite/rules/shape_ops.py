@@ -26,9 +26,10 @@ from __future__ import annotations
 import itertools
 import operator
 
+import sympy
 import torch
 
-from ..dsl import RuleSet, aten, dtype_is, made_by, rule, shape_is, variables
+from ..dsl import RuleSet, aten, dim_is, dtype_is, made_by, rule, shape_is, variables
 from ..ops import ALL_DTYPES as ALL
 
 __all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "FRESH_COPIES", "POINTWISE_RESHAPES", "RULESETS"]
@@ -52,6 +53,7 @@ NOOPS = RuleSet("shape.noops", [
     rule(aten.squeeze.dims(x, []),               x, when=[tensor(x)],      name="squeeze_no_dims"),
     rule(aten.squeeze.dim(x, d),                 x, when=[tensor(x)],      name="squeeze_dim_not_one"),
     rule(aten.squeeze.default(x),                x, when=[tensor(x)],      name="squeeze_no_ones"),
+    rule(aten.squeeze.dims(x, s),                x, when=[tensor(x)],      name="squeeze_dims_not_one"),
     rule(aten.cat.default([x], d),               x, when=[tensor(x)],      name="cat_single"),
     rule(aten.alias.default(x),                  x, when=[tensor(x)],      name="alias"),
     rule(aten._to_copy.default(x),               aten.clone.default(x), when=[tensor(x)], name="to_copy_is_clone"),
@@ -120,8 +122,45 @@ def _permute_rules() -> list:
     return rules
 
 
-PERMUTES = RuleSet("shape.permutes", _permute_rules(),
-                   description="permute of permute: inverse pairs cancel (rank <= 4), others compose (rank <= 3)")
+# -- a permute that only moves dims of size 1 is a reshape -------------------------------------------
+# Size-1 dims hold no elements of their own: if the other dims keep their relative order, the
+# permuted tensor has the same elements in the same row-major order, i.e. it is a reshape (a view:
+# adding and removing size-1 dims is always viewable). Symbolic dims count as not 1 (Dynamo
+# specializes 1), which only makes the rule fire less. One rule per permutation and minimal set of
+# size-1 dims it moves (rank <= 4; the table is expanded below); the replacement is computed because
+# it needs the permuted sizes: numbers, or the sizes read off x (aten.sym_size.int) when symbolic.
+def _as_reshape(perm: tuple):
+    def reshape_to_permuted_shape(x):
+        shape = tuple(x.shape)
+        return reshape(_X, [int(shape[d]) if sympy.sympify(shape[d]).is_Integer else aten.sym_size.int(_X, d)
+                            for d in perm])
+    return reshape_to_permuted_shape
+
+
+def _size_one_sets(perm: tuple) -> list:
+    """The minimal sets of dims that, being of size 1, make ``perm`` keep the other dims in order."""
+    found: list = []
+    for k in range(1, len(perm)):
+        for ones in itertools.combinations(range(len(perm)), k):
+            kept = [d for d in perm if d not in ones]
+            if kept == sorted(kept) and not any(set(f) < set(ones) for f in found):
+                found.append(ones)
+    return found
+
+
+def _size_one_permute_rules(max_rank: int = 4) -> list:
+    return [
+        rule(aten.permute.default(x, list(p)), _as_reshape(p), when=[tensor(x)] + [dim_is(x, i, 1) for i in ones],
+             name=f"permute_{''.join(map(str, p))}_moves_ones_{''.join(map(str, ones))}")
+        for r in range(2, max_rank + 1) for p in itertools.permutations(range(r)) if list(p) != list(range(r))
+        for ones in _size_one_sets(p)
+    ]
+
+
+_X = x
+PERMUTES = RuleSet("shape.permutes", _permute_rules() + _size_one_permute_rules(),
+                   description="permute of permute: inverse pairs cancel (rank <= 4), others compose (rank <= 3); "
+                               "a permute moving only size-1 dims is a reshape (rank <= 4)")
 
 # -- casts through a dtype that holds every value of the source exactly ---------------------------
 # ``_to_copy(_to_copy(x, mid), dst) -> _to_copy(x, dst)`` when ``mid`` represents every value of

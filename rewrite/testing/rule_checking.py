@@ -112,6 +112,10 @@ class _Instantiator:
                     and -source.dim() <= other_dim < source.dim():
                 i = dim % len(shape)
                 shape = shape[:i] + (source.shape[other_dim],) + shape[i + 1:]
+        for dim, size in h.get("dim_sizes", {}).items():  # dsl.dim_is: a dim of a known size
+            if -len(shape) <= dim < len(shape):
+                i = dim % len(shape)
+                shape = shape[:i] + (size,) + shape[i + 1:]
         if value is not None and draw(st.integers(0, 2)):
             t = torch.full(shape, value, dtype=torch.float64).to(dtype)
         else:

@@ -109,3 +109,58 @@ def test_same_sym_pack_merge():
     assert len(graph.placeholders) == 8
     assert len(_read_inputs(graph)) <= 6
     assert backend.report.graphs[0].applied.get("sizes_read_from_tensors") == 1
+
+
+_MOVES_ONES = [((2, 3, 1), [2, 0, 1]), ((1, 2, 3, 1), [1, 3, 2, 0]), ((1, 2, 2, 1), [1, 0, 3, 2]),
+               ((1, 2, 2, 1), [1, 0, -1, -2])]
+_REAL_PERMUTES = [((2, 3, 1), [1, 2, 0]), ((1, 2, 3, 1), [2, 3, 1, 0]), ((1, 2, 2, 1), [0, 2, 1, 3]),
+                  ((1, 2, 2, 1), [0, -2, 1, -1])]
+
+
+def _compiled_ops(fn, *args, dynamic):
+    backend = torchair.get_npu_backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    torch.testing.assert_close(compiled(*args), fn(*args))
+    return backend.report.graphs[0].ops_after
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("shape,dims", _MOVES_ONES)
+def test_permute_with_no_transpose(shape, dims, dynamic):
+    """mirrors torchair_st.py::test_permute_with_no_transpose. Regression (issue 15): a permute that
+    only moves size-1 dims is a reshape (rule shape.permutes permute_*_moves_ones_*)."""
+    ops = _compiled_ops(lambda t: torch.permute(t, dims) + 1, torch.randn(shape), dynamic=dynamic)
+    assert "aten.permute.default" not in ops
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("shape,dims", _REAL_PERMUTES)
+def test_permute_with_transpose(shape, dims, dynamic):
+    """mirrors torchair_st.py::test_permute_with_transpose: a permute that moves a dim of size > 1
+    (even swapping two equal sizes) stays."""
+    ops = _compiled_ops(lambda t: torch.permute(t, dims) + 1, torch.randn(shape), dynamic=dynamic)
+    assert ops.get("aten.permute.default") == 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_squeeze_opt_for_dim_not_one(dynamic):
+    """mirrors torchair_st.py::test_squeeze_opt_for_dim_not_one (TorchAir: 3 Squeeze + 2 Identity).
+    Regression (issue 15): squeezes of dims that are not 1 are removed (rule squeeze_dims_not_one)."""
+    def fn(x, l, m, n):
+        return x.squeeze(1) + 1, x.squeeze(2) + 1, l.squeeze() + 1, m.squeeze() + 1, n.squeeze() + 1
+
+    ops = _compiled_ops(fn, torch.randn(2, 1, 3), torch.randn(2, 3, 4), torch.randn(2, 1, 1), torch.randn(1, 1, 1),
+                        dynamic=dynamic)
+    squeezes = sum(v for k, v in ops.items() if "squeeze" in k)
+    assert squeezes == 3, ops
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_no_broadcast_when_input_output_sym_size_is_equal(dynamic):
+    """mirrors torchair_st.py::test_no_broadcast_when_input_output_sym_size_is_equal: an expand to the
+    same size and a full slice are removed."""
+    fn = lambda t: t + torch.ops.aten.expand.default(t, t.size()) + torch.ops.aten.slice.Tensor(t)  # noqa: E731
+    for i in (10, 11):
+        ops = _compiled_ops(fn, torch.randn(i, i + 1, i + 2, i + 3), dynamic=dynamic)
+        assert not any("expand" in k or "slice" in k for k in ops), ops
+        torch._dynamo.reset()
