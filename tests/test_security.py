@@ -333,13 +333,13 @@ def _squaring_chain(data, _):
     for i in range(1, 41):
         chain.append({"name": f"k{i}", "op": "mul", "args": [{"node": f"k{i - 1}"}, {"node": f"k{i - 1}"}],
                       "meta": None})
-    data["graph"]["nodes"] = nodes[:3] + chain + nodes[3:]
+    data["graph"]["nodes"] = nodes[:2] + chain + nodes[2:]
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda d, f: d["graph"]["nodes"][3]["args"].append("DEEP") or json.dumps(d).replace(
+    (lambda d, f: d["graph"]["nodes"][2]["args"].append("DEEP") or json.dumps(d).replace(
         '"DEEP"', "[" * 200_000 + "]" * 200_000), r"export\.json: is nested more than 100 levels deep"),
-    (lambda d, f: d["graph"]["nodes"][3]["args"].append(_deep(1, 120)), "nested more than 100 levels"),
+    (lambda d, f: d["graph"]["nodes"][2]["args"].append(_deep(1, 120)), "nested more than 100 levels"),
     (lambda d, f: json.dumps(d).replace('"shape": [4]', '"shape": [' + "9" * 5000 + "]", 1),
      r"export\.json: is not valid JSON.*more than 19 digits"),
     (lambda d, f: json.dumps(d).replace('"lower": 2', '"lower": NaN', 1), r"export\.json: is not valid JSON.*NaN"),
@@ -351,12 +351,13 @@ def _squaring_chain(data, _):
     (lambda d, f: d["weights"]["p1"].update(nbytes=1 << 62), r"weights\.p1\.nbytes: .* out of range"),
     (lambda d, f: d["graph"]["nodes"][1]["meta"].update(shape=["s77", -4]), r"meta\.shape\[1\]: -4 is out of range"),
     (lambda d, f: d["graph"]["nodes"][1]["meta"].update(shape=[1 << 30] * 3), r"meta\.shape: .* more than"),
-    (lambda d, f: d["graph"]["nodes"][3].update(op="aten.ones.default", args=[[1 << 33]],
+    (lambda d, f: d["graph"]["nodes"][2].update(op="aten.ones.default", args=[[1 << 33]],
                                                  kwargs={"dtype": {"dtype": "float32"}}),
      "recorded shapes do not match the ops"),
     (_squaring_chain, r"node k\d+ \(mul\) builds integers that could exceed 4096 bits"),
-    (lambda d, f: d["graph"]["nodes"].insert(3, {"name": "p", "op": "pow", "args": [{"node": "arg0_1"},
-                                                                                    {"node": "arg0_1"}], "meta": None}),
+    (lambda d, f: d["graph"]["nodes"].__setitem__(slice(2, 2), [
+        {"name": "k", "op": "aten.sym_size.int", "args": [{"node": "arg1_1"}, 0], "meta": {"sym": "s77", "type": "int"}},
+        {"name": "p", "op": "pow", "args": [{"node": "k"}, {"node": "k"}], "meta": None}]),
      r"node p \(pow\) builds integers"),
 ])
 def test_huge_and_deep_fields_are_bounded(exports, tmp_path, edit, match):
@@ -442,11 +443,11 @@ def _put(path, value):
     (_put(["graph", "nodes"], {}), r"graph\.nodes: expected a list, got an object"),
     (_put(["graph", "nodes", 0], None), r"graph\.nodes\[0\]: expected an object, got null"),
     (_put(["graph", "nodes", 0, "name"], 3), r"graph\.nodes\[0\]\.name: expected a string"),
-    (_put(["graph", "nodes", 1, "name"], "arg0_1"), r"graph\.nodes\[1\] \(arg0_1\): a second node named"),
+    (_put(["graph", "nodes", 1, "name"], "arg1_1"), r"graph\.nodes\[1\] \(arg1_1\): a second node named"),
     (_put(["graph", "nodes", 3, "eval"], "x"), r"graph\.nodes\[3\] \(\w+\): unknown field\(s\) \['eval'\]"),
-    (_drop(["graph", "nodes", 4, "value"]), r"graph\.nodes\[4\] \(\w+\): missing field\(s\) \['value'\]"),
-    (_put(["graph", "nodes", 4, "value"], {"weight": "nope"}), r"value\.weight: names weight 'nope'"),
-    (_put(["graph", "nodes", 4, "value"], {"pickle": "x"}), r"value: expected one of the keys weight"),
+    (_drop(["graph", "nodes", 3, "value"]), r"graph\.nodes\[3\] \(\w+\): missing field\(s\) \['value'\]"),
+    (_put(["graph", "nodes", 3, "value"], {"weight": "nope"}), r"value\.weight: names weight 'nope'"),
+    (_put(["graph", "nodes", 3, "value"], {"pickle": "x"}), r"value: expected one of the keys weight"),
     (_put(["graph", "nodes", 1, "meta"], {"dtype": "float32"}), r"meta: missing field\(s\) \['shape'\]"),
     (_put(["graph", "nodes", 1, "meta"], {"sym": "s77", "type": "str"}), r"meta\.type: unknown size type"),
     (_put(["graph", "nodes", 1, "meta", "shape"], [True, 4]), r"meta\.shape\[0\]: expected an int, got a bool"),
@@ -460,9 +461,10 @@ def _put(path, value):
     (_put(["graph", "nodes", 3, "waits"], ["nope"]), r"graph\.nodes\[3\] \(\w+\)\.waits: waits for \['nope'\]"),
     (_put(["graph", "nodes", 3, "attrs"], {"value": 1}), r"attrs\.value: unknown attribute"),
     (_put(["graph", "nodes", 3, "attrs"], {"stream": ""}), r"attrs\.stream: stream_tag must be a non-empty str"),
-    (_put(["bindings"], []), r"export\.json: bindings: expected a list of 3, got 0"),
-    (_put(["bindings", 0], {"placeholder": "arg0_1", "leaf": 0}), r"bindings\[0\]\.leaf: leaf 0 is a tensor"),
-    (_put(["bindings", 0], {"placeholder": "arg0_1", "symbol": "s1"}), r"bindings\[0\]\.symbol: a string \('s1'\)"),
+    (_put(["bindings"], []), r"export\.json: bindings: expected a list of 2, got 0"),
+    (lambda d, f: _put(["graph", "nodes", 1, "meta"], {"sym": "s77", "type": "int"})(d, f) or
+     _put(["bindings", 1], {"placeholder": "arg2_1", "leaf": 1})(d, f), r"bindings\[1\]\.leaf: leaf 1 is a tensor"),
+    (_put(["bindings", 0], {"placeholder": "arg1_1", "symbol": "s1"}), r"bindings\[0\]\.symbol: a string \('s1'\)"),
     (_put(["bindings", 1, "leaf"], 5), r"bindings\[1\]\.leaf: 5 is out of range"),
     (_put(["outputs"], {"output": 3}), r"outputs\.output: 3 is out of range"),
     (_put(["outputs"], {"leaf": -1}), r"outputs\.leaf: -1 is out of range"),
