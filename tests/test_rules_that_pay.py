@@ -188,3 +188,20 @@ def test_identity_chain_after_a_real_model_collapses():
     want, got, report = _compile(f, ids)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     _fired(report, "add_zero_then_add", "mul_one")
+
+
+def test_fused_linear_rules_exist_only_where_the_build_has_the_kernel(monkeypatch):
+    """Without oneDNN (or when the kernel fails its tiny trial run) there is no fused rule, and the reason is listed."""
+    from rewrite.rules import fused
+
+    monkeypatch.setattr(fused, "LEFT_OUT", [])
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert fused._linear_rules() == []
+    assert any("no oneDNN" in why for why in fused.LEFT_OUT)
+
+    def broken(dtype):
+        return torch.ops.mkldnn._linear_pointwise.default, (torch.ones(2, 3, dtype=dtype), torch.ones(5, 7), None,
+                                                             "relu", [], "")
+
+    assert not fused.available("_linear_pointwise", broken, torch.float32)
+    assert fused.LEFT_OUT[-1].startswith("_linear_pointwise (torch.float32): ")
