@@ -26,6 +26,7 @@ from ..fx_bridge import CompileError
 from ..gears import GearError
 from ..ir import Graph, SymMeta, TensorMeta
 from ..report import GraphReport
+from ..unit import CompileUnit
 from . import checks
 from .checks import (at, confined_path, describe, expect_bool, expect_file_name, expect_int, expect_list, expect_object,
                      expect_sha256, expect_shape, expect_str, fail)
@@ -153,8 +154,8 @@ class ExportedModel:
         if self._gears is not None and self.use_gears:
             from .. import gears as rgears
 
-            return rgears.compile_dynamic(self.graph, self._gears, self.config, self.report, build_static, 0,
-                                          gear_graphs=self.gear_graphs)
+            unit = CompileUnit.detached(self.graph.name, self.config, self.report)
+            return rgears.compile_dynamic(self.graph, self._gears, unit, build_static, gear_graphs=self.gear_graphs)
         return build_static(self.graph)
 
     def _input_checks(self):

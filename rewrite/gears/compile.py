@@ -141,22 +141,15 @@ def concretize(graph: Graph, values: dict) -> Graph:
     return static
 
 
-def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit, *rest, gear_graphs: dict | None = None):
+def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit, build_static, *,
+                    gear_graphs: dict | None = None):
     """Compile a graph with size symbols: one static graph per gear, else the symbolic graph itself.
 
-    ``gear_graphs`` (gear key -> optimized static graph) is the compile cache's hook: a gear found
-    there is built as it is (no substitution, no optimization); every gear optimized here is added.
-
-    Called as ``compile_dynamic(graph, gear_spec, unit, build_static)``: ``unit`` is the graph's
-    `CompileUnit`, ``build_static(graph)`` builds one executable. The form from before compile units,
-    ``(graph, gear_spec, config, report, build_static, graph_number)``, still works (the export
-    loader uses it) and makes a detached unit.
+    ``unit`` is the graph's `CompileUnit` (`CompileUnit.detached` for a graph built outside the
+    backend, e.g. a loaded export); ``build_static(graph)`` builds one executable. ``gear_graphs``
+    (gear key -> optimized static graph) is the compile cache's hook: a gear found there is built as
+    it is (no substitution, no optimization); every gear optimized here is added.
     """
-    if isinstance(unit, CompileUnit):
-        (build_static,) = rest
-    else:
-        report, build_static, number = rest
-        unit = CompileUnit.detached(graph.name, unit, report, number)
     report, number = unit.report, unit.number
     if gear_spec is None:
         with report.stage("codegen"):
