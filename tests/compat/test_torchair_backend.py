@@ -164,3 +164,153 @@ def test_no_broadcast_when_input_output_sym_size_is_equal(dynamic):
         ops = _compiled_ops(fn, torch.randn(i, i + 1, i + 2, i + 3), dynamic=dynamic)
         assert not any("expand" in k or "slice" in k for k in ops), ops
         torch._dynamo.reset()
+
+
+# -- results and types (torchair_st.py): compiled == eager ------------------------------------------
+
+def _same(fn, *args, dynamic=True):
+    compiled = torch.compile(fn, backend=torchair.get_npu_backend(), dynamic=dynamic)
+    got, want = compiled(*args), fn(*args)
+    torch.testing.assert_close(got, want)
+    return got
+
+
+def test_basic():
+    """mirrors torchair_st.py::test_basic"""
+    for _ in range(2):
+        _same(lambda x, y: x + y, torch.randn(2, 2, 2), torch.randn(2, 2, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.bfloat16])
+def test_multiple_input_types(dtype):
+    """mirrors torchair_st.py::test_multiple_input_types (complex32 has no CPU add)"""
+    x = torch.randn(2, 2, 2).to(dtype) if not dtype.is_complex else torch.randn(2, dtype=dtype)
+    assert _same(lambda t: t + t, x).dtype == dtype
+
+
+@pytest.mark.parametrize("y", [2, 3, 2.0, 3.0])
+def test_sym_input(y):
+    """mirrors torchair_st.py::test_sym_input"""
+    _same(lambda x, v: x + v, torch.randn(2, 2), y)
+
+
+def test_builtin_with_sym():
+    """mirrors torchair_st.py::test_builtin_with_sym"""
+    def fn(x, y, z):
+        return x + (y + z), x * (y - z), x - y * z, x + y / z, x + y // z, x * y ** z
+
+    for y, z in [(2, 3), (3, 4)]:
+        _same(fn, torch.randn(2, 2), y, z)
+
+
+def test_different_fx_output_from_same_fx_node():
+    """mirrors torchair_st.py::test_different_fx_output_from_same_fx_node: one value returned twice is
+    one object twice."""
+    x = torch.randn(2, 2)
+    for fn, pairs in [(lambda t: (t, t), [(0, 1)]), (lambda t: (t, t + 1, t), [(0, 2)]),
+                      (lambda t: (t + 1, t, t), [(1, 2)]), (lambda t: (t, t, t + 1), [(0, 1)])]:
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend=torchair.get_npu_backend())(x)
+        assert all(out[i] is out[j] for i, j in pairs)
+
+
+def test_torch_sym():
+    """mirrors torchair_st.py::test_torch_sym"""
+    import math
+
+    fn = lambda x: x * (float(x.size(-1)) + 1 / math.sqrt(x.size(-1)))  # noqa: E731
+    for i in (10, 11, 12):
+        _same(fn, torch.randn(3, i, i + 1))
+
+
+def test_remove_sym():
+    """mirrors torchair_st.py::test_remove_sym"""
+    def fn(x, y, z):
+        return torch.cat([torch.ones(x.size()), torch.ones(y.size())]), torch.ones(x.size()), torch.split(x, z)
+
+    for n in (2, 3, 4):
+        _same(fn, torch.randn(2 * n, 2), torch.randn(n, 2), [n, n])
+
+
+def test_torch_floor():
+    """mirrors torchair_st.py::test_torch_floor"""
+    import math
+
+    compiled = torch.compile(lambda x: math.floor(x.size(0) + 1.0) * 3, backend=torchair.get_npu_backend(),
+                             fullgraph=True)
+    assert compiled(torch.randn(10, 2)) == 33
+
+
+def test_recompile_of_symsize():
+    """mirrors torchair_st.py::test_recompile_of_symsize (smaller sizes): a second sequence length
+    does not recompile."""
+    def fn(x, y):
+        return torch.mm(x.reshape(-1, 64), y.permute(1, 0)).view(x.size(0), x.size(1), 24)
+
+    compiled = torch.compile(fn, backend=torchair.get_npu_backend(), dynamic=True)
+    y = torch.randn(24, 64)
+    compiled(torch.randn(4, 19, 64), y)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        x = torch.randn(4, 18, 64)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+
+
+def test_torch_fp8():
+    """mirrors torchair_st.py::test_torch_fp8"""
+    def fn(x, y, z):
+        return x.to(torch.float8_e4m3fn), y.to(torch.float).to(torch.float8_e5m2), z.to(torch.float)
+
+    x, y = torch.randn(2, 2), torch.randn(2, 2).to(torch.float8_e5m2)
+    z = torch.randn(2, 2).to(torch.float8_e4m3fn)
+    out = torch.compile(fn, backend=torchair.get_npu_backend())(x, y, z)
+    assert [t.dtype for t in out] == [torch.float8_e4m3fn, torch.float8_e5m2, torch.float32]
+    for got, want in zip(out, fn(x, y, z)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_sym_sum():
+    """mirrors torchair_st.py::test_sym_sum"""
+    def fn(sizes, masks):
+        return [m.sum() + sum(sizes[:i]) for i, m in enumerate(masks)]
+
+    compiled = torch.compile(fn, backend=torchair.get_npu_backend(), dynamic=True)
+    sizes, masks = [3, 4, 5, 6, 7], [torch.rand(n) > 0.5 for n in (3, 4, 5, 6, 7)]
+    assert [int(t) for t in compiled(sizes, masks)] == [int(t) for t in fn(sizes, masks)]
+
+
+def test_uncontinuous_view():
+    """mirrors torchair_st.py::test_uncontinuous_view"""
+    _same(lambda x: (x.permute(1, 0, 2) + 1).permute(1, 0, 2).reshape(-1), torch.randn(2, 3, 4))
+
+
+@pytest.mark.parametrize("direction", ["real", "complex"])
+def test_view_as_real_complex_dynamic_sym(direction):
+    """mirrors torchair_st.py::test_view_as_real_dynamic_sym / test_view_as_complex_dynamic_sym: the
+    output is a view of the input, as in eager."""
+    fn = torch.view_as_real if direction == "real" else torch.view_as_complex
+    x = torch.randn(4, 3, dtype=torch.complex64) if direction == "real" else torch.randn(4, 3, 2)
+    res = torch.compile(fn, backend=torchair.get_npu_backend(), dynamic=True)(x)
+    assert torch._C._is_alias_of(res, x)
+    torch.testing.assert_close(res, fn(x))
+
+
+def test_sym_pack():
+    """mirrors torchair_st.py::test_sym_pack"""
+    _same(lambda x, z, y: z.view([x]) + y.view([x, 1]).sum() + x, 6, torch.randn(3, 2), torch.randn(2, 3))
+
+
+def test_frozen_parameter_option():
+    """the frozen_parameter option (TorchAir: fixed addresses; rewrite: the weights' values are
+    folded in, so the compiled graph does not see later in-place updates of them; see README)."""
+    model = torch.nn.Linear(4, 4).eval()
+    compiled = torch.compile(model, backend="npugraph_ex", options={"frozen_parameter": True})
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.skip(reason="NPU-only: GE executors, converters, RNG seed/offset inputs and aclgraph capture internals")
+def test_npu_executor():
+    """mirrors torchair_st.py::test_npu_executor_*, test_*_executor_*, test_frozen_input_*,
+    test_rng_into_graph, test_ge_*, test_auto_converter, test_output_always_with_correct_dtype,
+    test_custom_tensor_clone and torchair_aclgraph_st.py's capture tests"""

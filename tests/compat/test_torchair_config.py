@@ -8,6 +8,7 @@ test_fx_dump_config_path, test_fx_dumper, test_auto_tune, test_print_ge_stream_a
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -195,3 +196,66 @@ def test_check_fx_pass_through_the_post_grad_hook_path(dynamic):
     assert report.ok
     with pytest.raises(AssertionError, match="unsound"):
         check_fx_pass(_through_post_grad_hooks(_fold_mul_zero), examples=40, seed=1, ops=["mul_scalar"])
+
+
+def test_dump_node_info(tmp_path):
+    """mirrors torchair_st.py::test_dump_node_info: the py dump shows every node's dtype and symbolic
+    shape, its inputs' too (TorchAir: ``add: torch.float32[s0, s0]cpu``; rewrite: ``%add: f32[s77, s77]``).
+    Regression (issue 15): only the graph inputs had them."""
+    config = torchair.CompilerConfig()
+    config.debug.graph_dump.type = "py"
+    config.debug.graph_dump.path = str(tmp_path / "test_dump_node_info" / "graphs")
+    compiled = torch.compile(lambda x, y, z: torch.add(input=x, other=y, alpha=z),
+                             backend=torchair.get_npu_backend(compiler_config=config), dynamic=True)
+    compiled(torch.randn(4, 4), torch.randn(4, 4), 1)
+    before = next((tmp_path / "test_dump_node_info" / "graphs").glob("*_before.py")).read_text()
+    line = next(line for line in before.splitlines() if line.startswith("## %add"))
+    assert re.search(r"%add: f32\[(s\d+), \1\] = aten\.add\.Tensor\(%arg\d_1: f32\[\1, \1\], %arg\d_1: f32\[\1, \1\]",
+                     line), line
+
+
+def test_directory_generation(tmp_path):
+    """mirrors torchair_st.py::test_directory_generation: a missing nested folder is created; one file
+    before and one after optimization for the graph, with the same graph number, rank and pid."""
+    config = torchair.CompilerConfig()
+    config.debug.graph_dump.type = "pbtxt"
+    folder = tmp_path / "test_directory_generation" / "dir"
+    config.debug.graph_dump.path = str(folder)
+    torch.compile(lambda x, y: x + y, backend=torchair.get_npu_backend(compiler_config=config))(
+        torch.randn(2, 2), torch.randn(2, 2))
+    files = sorted(p.name for p in folder.iterdir())
+    assert len(files) == 2, files
+    parsed = [re.fullmatch(r"rewrite_graph_(\d+)_rank_(\d+)_pid_(\d+)_\w+_(before|after)\.pbtxt", f) for f in files]
+    assert all(parsed) and {m.group(4) for m in parsed} == {"before", "after"}
+    assert len({m.groups()[:3] for m in parsed}) == 1
+
+
+def test_ge_graph_dump_with_py(tmp_path):
+    """mirrors torchair_st.py::test_ge_graph_dump_with_py and torchair_aclgraph_st.py::test_graph_dump_with_py
+    (in reduce-overhead mode too: rewrite dumps every type in every mode): the py dump is more than
+    a header and holds the ATen call."""
+    for mode in ("max-autotune", "reduce-overhead"):
+        config = torchair.CompilerConfig()
+        config.mode = mode
+        config.debug.graph_dump.type = "py"
+        config.debug.graph_dump.path = str(tmp_path / mode)
+        torch.compile(lambda x: x + 1, backend=torchair.get_npu_backend(compiler_config=config))(torch.randn(2, 2))
+        text = next((tmp_path / mode).glob("*_before.py")).read_text()
+        assert "aten.add.Tensor(%arg0_1" in text and "def " in text
+
+
+def test_check_config_support():
+    """mirrors torchair_st.py::test_check_config_support (the mode values): max-autotune,
+    reduce-overhead and npugraph_ex are accepted; anything else is a ConfigError naming them."""
+    config = torchair.CompilerConfig()
+    for mode in ("reduce-overhead", "npugraph_ex", "max-autotune"):
+        config.mode = mode
+    with pytest.raises(rewrite.ConfigError, match="'max-autotune', 'reduce-overhead', 'npugraph_ex'"):
+        config.mode = "aclgraph"
+
+
+@pytest.mark.skip(reason="NPU-only: data dump, AOE and fusion-switch options (dump_config, aoe_config, fusion_config, "
+                         "debug.data_dump, experimental_config.static_model_ops_lower_limit)")
+def test_set_error_option_path():
+    """mirrors torchair_st.py::test_set_error_option_path, test_set_error_static_model_ops_lower_limit,
+    test_set_option, test_fx_data_dump_*, test_fx_dump_config_path, test_fx_dumper, test_auto_tune"""
