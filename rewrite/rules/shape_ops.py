@@ -29,12 +29,13 @@ import operator
 import sympy
 import torch
 
-from ..dsl import RuleSet, aten, dim_is, dtype_is, made_by, rule, shape_is, variables
+from ..dsl import RuleSet, aten, dim_is, dtype_is, made_by, prims, rule, same_shape, shape_is, variables
 from ..ops import ALL_DTYPES as ALL
+from ..ops import INTS
 
 __all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "FRESH_COPIES", "POINTWISE_RESHAPES", "RULESETS"]
 
-x, s, a, b, d, e, m, dt = variables("x s a b d e m dt")
+x, s, a, b, d, e, m, dt, v, y = variables("x s a b d e m dt v y")
 
 
 def tensor(v):
@@ -57,6 +58,19 @@ NOOPS = RuleSet("shape.noops", [
     rule(aten.cat.default([x], d),               x, when=[tensor(x)],      name="cat_single"),
     rule(aten.alias.default(x),                  x, when=[tensor(x)],      name="alias"),
     rule(aten._to_copy.default(x),               aten.clone.default(x), when=[tensor(x)], name="to_copy_is_clone"),
+    rule(aten.repeat.default(x, s),              x, when=[tensor(x)],      name="repeat_once"),
+    rule(aten.slice_scatter.default(x, y, d, 0, e, 1),    y, when=[same_shape(x, y)], name="slice_scatter_full_from_0"),
+    rule(aten.slice_scatter.default(x, y, d, None, e, 1), y, when=[same_shape(x, y)], name="slice_scatter_full_from_none"),
+] + [
+    rule(aten.constant_pad_nd.default(x, [0] * (2 * k), v), x, when=[tensor(x)], name=f"pad_zero_{k}d")
+    for k in range(1, 4)
+] + [
+    rule(getattr(aten, f).default(x), x, when=[dtype_is(x, *INTS)], name=f"{f}_of_integers")
+    for f in ("ceil", "floor", "round", "trunc")
+] + [
+    rule(prims.convert_element_type.default(x, t), x, when=[dtype_is(x, t)],
+         name=f"convert_same_dtype_{str(t).replace('torch.', '')}")
+    for t in ALL
 ] + [
     rule(aten.permute.default(x, list(range(r))), x, when=[tensor(x)], name=f"permute_identity_rank{r}")
     for r in range(0, 6)
@@ -64,7 +78,8 @@ NOOPS = RuleSet("shape.noops", [
     rule(aten._to_copy.default(x, dtype=t), aten.clone.default(x), when=[dtype_is(x, t)],
          name=f"to_copy_same_dtype_{str(t).replace('torch.', '')}")
     for t in ALL
-], description="view/reshape/expand to the same shape, identity permute, full slice, single cat, casts to the same dtype")
+], description="view/reshape/expand/repeat to the same shape, identity permute, full slice and slice_scatter, zero pad, "
+                "single cat, casts to the same dtype, rounding of integers")
 
 # -- chains of view-like ops collapse into the last one ---------------------------------------------
 # view needs a viewable layout; if view(view(x, a), b) ran then view(x, b) runs too (both split and
@@ -185,7 +200,6 @@ CASTS = RuleSet("shape.casts", [
 # Compute ops (TensorIterator kernels) return a fresh, dense tensor; clone with the default
 # (preserve) memory format copies it with the same strides. Only the graph can see that value, and
 # functional graphs mutate nothing but their inputs, so the copy changes nothing.
-y = variables("y")[0]
 _UNARY_COMPUTE = ("neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "reciprocal")
 _BINARY_COMPUTE = (("add", "Tensor"), ("sub", "Tensor"), ("mul", "Tensor"), ("div", "Tensor"),
                    ("maximum", "default"), ("minimum", "default"))

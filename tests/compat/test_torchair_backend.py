@@ -314,3 +314,48 @@ def test_npu_executor():
     """mirrors torchair_st.py::test_npu_executor_*, test_*_executor_*, test_frozen_input_*,
     test_rng_into_graph, test_ge_*, test_auto_converter, test_output_always_with_correct_dtype,
     test_custom_tensor_clone and torchair_aclgraph_st.py's capture tests"""
+
+
+# -- no-op removal (torchair_fx_pattern_st.py, Inductor's remove_noop_ops) ------------------------------
+
+_NOOPS = {
+    "slice": (lambda x, y: x[:] + y, "slice"),
+    "slice_scatter": (lambda x, y: x.slice_scatter(y) + 1, "slice_scatter"),
+    "repeat": (lambda x, y: x.repeat(1, 1) + y, "repeat"),
+    "pad": (lambda x, y: torch.nn.functional.pad(x, [0, 0, 0, 0], value=3.5) + y, "constant_pad_nd"),
+    "convert": (lambda x, y: torch.ops.prims.convert_element_type(x, torch.float32) + y, "convert_element_type"),
+    "ceil_int": (lambda x, y: torch.ceil(x.to(torch.int64)) + 1, "ceil"),
+    "pow1": (lambda x, y: torch.pow(x, 1) + y, "pow"),
+    "cat1": (lambda x, y: torch.cat([x]) + y, "cat"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NOOPS))
+def test_enable_remove_noop_ops(name):
+    """mirrors torchair_fx_pattern_st.py::test_enable_remove_noop_ops_slice, _slice_scatter, _repeat,
+    _pad, _convert, _ceil, _pow, _cat: the no-op is gone from the compiled graph. Regression
+    (issue 15): full slice_scatter, repeat of ones, zero pad, same-dtype convert and integer ceil stayed."""
+    fn, op = _NOOPS[name]
+    ops = _compiled_ops(fn, torch.randn(2, 2), torch.randn(2, 2), dynamic=True)
+    assert not any(op in k for k in ops), ops
+
+
+def test_disable_remove_noop_ops():
+    """mirrors torchair_fx_pattern_st.py::test_disable_remove_noop_ops: with the optimizer's rules off
+    (rewrite's switch: config.rules.disabled; the npugraph_ex option remove_noop_ops is accepted and
+    has no effect) the slice stays."""
+    config = torchair.CompilerConfig()
+    config.rules.disabled = ["shape.noops"]
+    backend = torchair.get_npu_backend(compiler_config=config)
+    fn = lambda x, y: x[:] + y  # noqa: E731
+    x, y = torch.randn(2, 2), torch.randn(2, 2)
+    torch.testing.assert_close(torch.compile(fn, backend=backend, dynamic=True)(x, y), fn(x, y))
+    assert any("slice" in k for k in backend.report.graphs[0].ops_after)
+
+
+def test_enable_remove_noop_ops_clone_skipped():
+    """mirrors torchair_fx_pattern_st.py::test_enable_remove_noop_ops_clone_skipped: a clone that is
+    the output stays (the caller must not get its input back). (test_enable_remove_noop_ops_clone and
+    _clone_inplace are not ported: rewrite keeps a clone of an input on purpose, see README.)"""
+    ops = _compiled_ops(lambda x: x.clone(), torch.randn(2, 2), dynamic=True)
+    assert ops.get("aten.clone.default") == 1
