@@ -2,9 +2,10 @@
 
     import rewrite.compat.torchair as torchair
 
-and its `.npu()` calls removed. Names map one to one (npu_stream_switch -> scope.stream_switch, ...).
-Importing it also registers the backend name ``"npugraph_ex"`` (reduce-overhead mode with
-npugraph_ex's ``options=`` names), as torch_npu does.
+and its `.npu()` calls removed. Names map one to one (npu_stream_switch -> scope.stream_switch,
+ops.wait -> scope.wait, ...); the README's "Porting from TorchAir" lists every name and every
+deliberate difference. Importing it also registers the backend name ``"npugraph_ex"``
+(reduce-overhead mode with npugraph_ex's ``options=`` names), as torch_npu does.
 """
 from __future__ import annotations
 
