@@ -68,13 +68,14 @@ def cache_compile(func, *, config: CompilerConfig | None = None, backend=None, d
     ``backend``: a backend from `rewrite.get_backend` (its config is used; with ``config`` also given
     they must be equal). ``cache_dir``: default ``config.cache.dir``, else ``.rewrite_cache``.
     """
-    from ..backend import RewriteBackend
-
     if not (inspect.ismethod(func) and isinstance(func.__self__, torch.nn.Module)):
         raise TypeError(f"cache_compile wraps a bound method of a torch.nn.Module (e.g. self.inner_forward), got "
                         f"{type(func).__name__} {getattr(func, '__qualname__', func)!r}")
-    if backend is not None and not isinstance(backend, RewriteBackend):
-        raise TypeError(f"backend must come from rewrite.get_backend(...), got {type(backend).__name__}")
+    if backend is not None:
+        from ..backend import RewriteBackend  # imported only here: it costs 0.4 s, a warm start needs none of it
+
+        if not isinstance(backend, RewriteBackend):
+            raise TypeError(f"backend must come from rewrite.get_backend(...), got {type(backend).__name__}")
     if config is not None and not isinstance(config, CompilerConfig):
         raise TypeError(f"config must be a rewrite.CompilerConfig, got {type(config).__name__}")
     if backend is not None and config is not None and not _same_config(config, backend.config):
@@ -196,12 +197,11 @@ class CachedFunction:
             except ExportError as e:  # the inputs do not fit this specialisation (a size Dynamo specialized)
                 log.info("cache_compile %s: the loaded program does not fit this call (%s)", self.__name__, e)
         with self.cache.lock(self.rel):
-            program = self._load(fields, args, kwargs)
-            if program is None:
-                program = self._compile(fields, args, kwargs)
+            hit = self._load(fields, args, kwargs)
+            program = hit[0] if hit is not None else self._compile(fields, args, kwargs)
             with self._lock:
                 self._programs.setdefault(key, []).append(program)
-        return self._run(program, args, kwargs)
+        return hit[1] if hit is not None else self._run(program, args, kwargs)
 
     @staticmethod
     def _run(program, args, kwargs):
@@ -213,6 +213,7 @@ class CachedFunction:
             return {f"inner.{n}": t.detach() for n, t in self._tensors()}
 
     def _load(self, fields, args, kwargs):
+        """(the loaded program, its result for this call) on a hit, else None (a miss, logged)."""
         from ..export.checks import read_json
         from ..export.loader import ExportedModel
 
@@ -234,7 +235,7 @@ class CachedFunction:
                         raise ValueError(f"gears/graphs.json: graph {label[:80]!r} is not a gear graph")
                     gear_graphs[gear_key] = g
             loaded = ExportedModel(program, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs)
-            self._run(loaded, args, kwargs)  # the call must fit (or it is a miss), before anything is returned
+            result = self._run(loaded, args, kwargs)  # the call must fit (or it is a miss), before anything is returned
         except Exception as e:  # noqa: BLE001 - a damaged entry, or one that does not fit this call, is a miss
             if not check_error(e):
                 raise
@@ -242,7 +243,7 @@ class CachedFunction:
             return None
         count("hits")
         log.info("cache_compile %s: loaded %s (%d gear graphs)", self.__name__, folder, len(gear_graphs))
-        return loaded
+        return loaded, result
 
     def _compile(self, fields, args, kwargs):
         from ..export.capture import capture

