@@ -3,7 +3,9 @@
 MiniLM (real weights), token batches of the gears [1, 2, 4, 8, 16] x 32 tokens. Each variant runs in
 fresh processes (median of ``--repeat``); a process reports the import time and the time from the
 model's constructor to the last gear's first result (import excluded), and checks every result
-against eager afterwards. Variants, for ``exec.kernels`` "aten" and "inductor":
+against eager afterwards. The import includes BERT's modeling module, which transformers would
+otherwise import lazily inside the first ``from_pretrained`` (about 2 s here, torch._dynamo included),
+the same for every variant. Variants, for ``exec.kernels`` "aten" and "inductor":
 
 * ``rewrite cold``: torch.compile with the rewrite backend and set_dim_gears, no cache;
 * ``rewrite warm cache_compile``: ``rewrite.inference.cache_compile`` with an entry written before;
@@ -42,6 +44,7 @@ WORKER = textwrap.dedent('''
     t0 = time.perf_counter()
     import torch, rewrite, rewrite.models
     from transformers import AutoModel
+    import transformers.models.bert.modeling_bert  # the model's code: transformers imports it lazily (~2 s, torch._dynamo too)
     t1 = time.perf_counter()
     variant, kernels, folder = sys.argv[1], sys.argv[2], sys.argv[3]
     GEARS, SEQ = {gears}, {seq}
