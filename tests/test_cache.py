@@ -194,6 +194,52 @@ def test_damaged_entries_are_misses_and_rewritten(tmp_path, caplog):
         assert counters["hits"] == hits + 1, damage
 
 
+def test_signed_entries_skip_only_the_meta_inference(tmp_path, monkeypatch):
+    """A graph file whose bytes this user's signature vouches for is not shape-inferred again; any
+    other bytes (re-serialized, edited metas, another key's signature) get every check."""
+    import rewrite.export.loader as loader
+    from rewrite.cache.store import SIGNATURE_FILE, CacheDir, read_key
+
+    inferred = []
+    real = loader._check_metas
+    monkeypatch.setattr(loader, "_check_metas", lambda g, where: (inferred.append(where), real(g, where))[1])
+    config = rewrite.CompilerConfig()
+    config.cache.dir = str(tmp_path)
+    config.experimental_config.frozen_parameter = True
+    model, x = Small(), torch.randn(4, 8)
+    _compile_once(model, x, config, [2, 4])
+    (rel, _), = _entries(tmp_path)
+    folder, cache = tmp_path / rel, CacheDir.get(str(tmp_path))
+    fields = read_key(str(folder))["fields"]
+    assert set(cache.trusted_digests(str(folder), fields)) >= {"graphs.json"}
+    assert cache.trusted_digests(str(folder), {**fields, "weights": "other"}) == {}  # bound to the key
+    hits, inferred[:] = counters["hits"], []
+    _compile_once(model, x, config, [2, 4])
+    assert counters["hits"] == hits + 1 and inferred == []  # signed: decoded and checked, not re-inferred
+
+    graphs = folder / "graphs.json"
+    data = json.loads(graphs.read_bytes())
+    graphs.write_text(json.dumps(data, indent=1))  # same content, other bytes: every check runs, still a hit
+    _compile_once(model, x, config, [2, 4])
+    assert counters["hits"] == hits + 2 and inferred
+
+    node = next(n for g in data["graphs"].values() for n in g["nodes"] if n["op"] == "aten.addmm.default")
+    node["meta"]["shape"][-1] += 1  # a wrong recorded shape in an unsigned file is refused
+    graphs.write_text(json.dumps(data))
+    damaged = counters["damaged"]
+    _compile_once(model, x, config, [2, 4])
+    assert counters["damaged"] == damaged + 1
+
+    sig = folder / SIGNATURE_FILE  # the entry rewritten above is signed again; a forged signature is no signature
+    record = json.loads(sig.read_bytes())
+    record["hmac"] = "0" * 64
+    sig.write_text(json.dumps(record))
+    assert cache.trusted_digests(str(folder), fields) == {}
+    inferred[:] = []
+    _compile_once(model, x, config, [2, 4])
+    assert inferred
+
+
 def test_an_unwritable_cache_warns_once_and_compiles(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -116,7 +116,8 @@ class AotEntry:
         if folder is None:
             return None
         try:
-            graphs, extra = decode_graphs(folder, self.live)
+            graphs, extra = decode_graphs(folder, self.live,
+                                          trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
             graph = graphs.pop("graph")
             gears = {}
             for label, g in graphs.items():

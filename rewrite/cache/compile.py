@@ -41,9 +41,9 @@ import torch
 
 from ..config import CompilerConfig
 from ..export.errors import ExportError
-from .graphs import _Reader, _Writer, check_error, decode_graphs, encode_graphs
+from .graphs import GRAPHS_FILE, _Reader, _Writer, check_error, decode_graphs, encode_graphs
 from .key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
-from .store import CacheDir, count
+from .store import CacheDir, count, digest_of
 from .aot import gear_label, parse_gear_label
 
 log = logging.getLogger("rewrite")
@@ -222,19 +222,22 @@ class CachedFunction:
             return None
         try:
             live = self._live()
-            program, _ = read_json(os.path.join(folder, PROGRAM_FILE), "cache file", PROGRAM_FILE)
+            trusted = self.cache.trusted_digests(folder, fields)  # {} unless this user's rewrite signed the entry
+            program, raw = read_json(os.path.join(folder, PROGRAM_FILE), "cache file", PROGRAM_FILE)
             live_data, _ = read_json(os.path.join(folder, LIVE_FILE), "cache file", LIVE_FILE)
             reader = _Reader(folder, program.get("weights", {}), live_data.get("live", {}), live, PROGRAM_FILE)
             reader.verify_all()
             gear_graphs = {}
             if os.path.isdir(os.path.join(folder, "gears")):
-                graphs, _ = decode_graphs(os.path.join(folder, "gears"), {**live, **reader.loaded})
+                graphs, _ = decode_graphs(os.path.join(folder, "gears"), {**live, **reader.loaded},
+                                          trusted=trusted.get(f"gears/{GRAPHS_FILE}"))
                 for label, g in graphs.items():
                     gear_key = parse_gear_label(label)
                     if gear_key is None:
                         raise ValueError(f"gears/graphs.json: graph {label[:80]!r} is not a gear graph")
                     gear_graphs[gear_key] = g
-            loaded = ExportedModel(program, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs)
+            loaded = ExportedModel(program, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs,
+                                   check_metas=trusted.get(PROGRAM_FILE) != digest_of(raw))
             result = self._run(loaded, args, kwargs)  # the call must fit (or it is a miss), before anything is returned
         except Exception as e:  # noqa: BLE001 - a damaged entry, or one that does not fit this call, is a miss
             if not check_error(e):

@@ -13,7 +13,7 @@ import logging
 import os
 
 from .aot import common_fields, gear_label, parse_gear_label
-from .graphs import check_error, decode_graphs, encode_graphs
+from .graphs import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
 from .key import digest, key_hash
 from .store import CacheDir, count
 
@@ -38,7 +38,8 @@ class GearGraphCache:
         folder = self.cache.lookup(self.rel, self.fields, f"the gears of {self.label}")
         if folder is not None:
             try:
-                graphs, _ = decode_graphs(folder, self.live)
+                graphs, _ = decode_graphs(folder, self.live,
+                                          trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
                 self.graphs = {}
                 for label, g in graphs.items():
                     key = parse_gear_label(label)

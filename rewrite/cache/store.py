@@ -8,12 +8,20 @@ drops its copy, so readers only ever see a complete entry. A damaged or truncate
 (logged) and is replaced by the next write. A folder that cannot be written (read-only, full disk)
 turns caching off for that folder in this process, with one warning.
 
+Signature: an entry also holds ``signature.json``, the sha256 of each of its files and an HMAC-SHA256
+of those and of the key's fields under this user's secret (`rewrite.kernels.trust`, the key that
+signs static-kernel artifacts). A graph file whose bytes match a verified signature was written by
+this user's rewrite for this very key, with metas its own shape inference computed, so readers skip
+re-deriving them (`trusted_digests`); every other check of the export loader still runs. An entry
+without a valid signature (another user's, copied from elsewhere, edited) is read with every check.
+
 Threads: one `CacheDir` per folder, a lock per entry (compiles of different entries never wait
 for each other); no lock is held while reading or decoding files.
 """
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +42,8 @@ __all__ = ["CacheDir", "KEY_FILE", "counters", "count", "entries", "read_key"]
 KEY_FILE = "key.json"
 KEY_FORMAT = "rewrite.cache.key"
 KEY_VERSION = 1
+SIGNATURE_FILE = "signature.json"
+SIGNATURE_FORMAT = "rewrite.cache.signature"
 MAX_SCAN = 500  # entries compared when a miss looks for the nearest one
 
 _counters_lock = threading.Lock()
@@ -148,6 +158,26 @@ class CacheDir:
                 best = (name, changed)
         return best
 
+    def trusted_digests(self, folder: str, fields: dict) -> dict[str, str]:
+        """{file: sha256} of the entry's files when its signature verifies for ``fields``; else {} (then
+        readers check everything). Never raises: an unsigned or wrongly signed entry is merely untrusted."""
+        from ..kernels import trust
+
+        try:
+            data, _ = read_json(os.path.join(folder, SIGNATURE_FILE), "cache signature file", SIGNATURE_FILE)
+            expect_object(data, SIGNATURE_FILE, required=("format", "files", "hmac"))
+            files = expect_object(data["files"], at(SIGNATURE_FILE, "files"))
+            if data["format"] != SIGNATURE_FORMAT or not isinstance(data["hmac"], str) or not all(
+                    isinstance(v, str) for v in files.values()):
+                return {}
+            if not trust.verify(_signed_text(fields, files), data["hmac"]):
+                log.debug("cache entry %s: its signature does not verify; every file is checked", folder)
+                return {}
+            return dict(files)
+        except (ExportError, OSError, trust.TrustError) as e:
+            log.debug("cache entry %s is not signed by this user (%s); every file is checked", folder, e)
+            return {}
+
     def damaged(self, folder: str, error: Exception) -> None:
         """Report a damaged entry (it is a miss, and the next write replaces it)."""
         count("damaged")
@@ -170,7 +200,7 @@ class CacheDir:
         try:
             os.makedirs(parent, exist_ok=True)
             staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(target)}-", dir=parent)
-            write_files(staging, list(files) + [(KEY_FILE, key_bytes)])
+            write_files(staging, list(files) + _signature(fields, files) + [(KEY_FILE, key_bytes)])
             self._publish(staging, target, fields)
             staging = None
         except (OSError, ExportError) as e:
@@ -220,6 +250,29 @@ class CacheDir:
             except OSError:
                 pass
             shutil.rmtree(trash, ignore_errors=True)
+
+
+def _signed_text(fields: dict, files: dict) -> bytes:
+    return json.dumps({"format": SIGNATURE_FORMAT, "fields": fields, "files": files}, sort_keys=True).encode("utf-8")
+
+
+def _signature(fields: dict, files: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The signature file of an entry (empty when this user has no signing key: the entry is then unsigned)."""
+    from ..kernels import trust
+
+    digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in files}
+    try:
+        mac = trust.sign(_signed_text(fields, digests))
+    except trust.TrustError as e:
+        log.debug("compile cache: entries are not signed (%s); readers check every file", e)
+        return []
+    record = {"format": SIGNATURE_FORMAT, "files": digests, "hmac": mac}
+    return [(SIGNATURE_FILE, json.dumps(record, indent=1, sort_keys=True).encode("utf-8"))]
+
+
+def digest_of(raw: bytes) -> str:
+    """The sha256 a signature lists for a file's bytes (compare with `CacheDir.trusted_digests`)."""
+    return hashlib.sha256(raw).hexdigest()
 
 
 def entry_name(fields: dict) -> str:
