@@ -245,12 +245,13 @@ def mul_one_ints(gm):
     reach an output through views, which would then alias the input (check_fx_pass found that in a
     first version that only refused a product returned directly); when nothing else reads x (else
     two outputs could become one tensor); and when x has the product's strides (an expanded x would
-    make a later view fail)."""
+    make a later view fail); and when x is computed, not a module constant (the output would be
+    the constant itself)."""
     inputs = {_storage(p) for p in gm.graph.find_nodes(op="placeholder")}
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.mul.Tensor)):
         x, c = node.args
-        if type(c) is not int or c != 1 or not isinstance(x, torch.fx.Node) or _storage(x) in inputs \
-                or len(x.users) > 1:
+        if type(c) is not int or c != 1 or not isinstance(x, torch.fx.Node) or x.op != "call_function" \
+                or _storage(x) in inputs or len(x.users) > 1:
             continue
         old, new = x.meta["val"], node.meta["val"]
         if new.dtype in (torch.int64, torch.int32, torch.int8) and old.dtype == new.dtype \

@@ -46,6 +46,7 @@ import torch
 import torch.fx
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
 
 from ..ops import dtype_str
@@ -53,12 +54,13 @@ from ..user_passes import apply_fx_pass, takes_graph
 from .dynamic import SizeConstraints
 from .equivalence import _storage, compare_tensors, describe_inputs, tolerance
 from .fx_graphs import (
-    SIZES_PER_GRAPH, FxCase, case_inputs, case_sizes, decomposition_table, fx_cases, select_ops,
+    GRAPH_DTYPES, SIZES_PER_GRAPH, FxCase, case_inputs, case_sizes, decomposition_table, fx_cases, select_ops,
 )
 
 __all__ = ["check_fx_pass", "fx_pass_test", "PassCheckReport", "load_pass"]
 
 LISTED = 4  # differing elements named in a report
+SWEEP_EXAMPLES = 2  # graphs of each changed op alone, per dtype, before the random graphs
 
 
 @dataclasses.dataclass
@@ -72,6 +74,7 @@ class PassCheckReport:
     runs: int = 0  # before/after runs compared (dynamic graphs run at several sizes)
     invalid: int = 0  # drawn graphs left out because the graph itself failed to run (should stay 0)
     focus: tuple[str, ...] = ()  # op generators whose one-op graphs the pass changed (see _probe)
+    swept: int = 0  # one-op graphs of the focus ops checked in every dtype (not counted above)
     seconds: float = 0.0
 
     @property
@@ -88,7 +91,7 @@ class PassCheckReport:
                 f"{self.runs} runs compared bit for bit or within tolerance, {self.seconds:.1f} s")
         if self.focus:
             text += (f"\n  the pass changed one-op graphs of: {', '.join(self.focus)} "
-                     "(half the graphs were drawn around them)")
+                     f"({self.swept} graphs of them alone in every dtype, then half the graphs drawn around them)")
         if not self.changed:
             text += ("\n  note: the pass changed none of the graphs, so this says little; "
                      "draw graphs it rewrites (ops=..., dtypes=...)")
@@ -327,8 +330,8 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     from `rewrite.testing.OPS` and `FILL_OPS`, or from `rewrite.testing.dynamic.DYNAMIC_OPS` with
     ``dynamic``); with ``dynamic`` each graph has symbolic sizes and runs at ``sizes`` size
     assignments its guards allow. With ``focus`` (the default) the pass first runs on tiny graphs
-    of each op, and half the graphs are then drawn around the ops it changed
-    (`PassCheckReport.focus`). Outputs and mutated inputs are compared bit for bit, or with
+    of each op; each op it changed (`PassCheckReport.focus`) is then checked alone in every dtype,
+    and half the random graphs are drawn around those ops. Outputs and mutated inputs are compared bit for bit, or with
     ``tolerance="dtype"`` / ``(rtol, atol)`` within a tolerance (for passes that reassociate;
     ``specials=False`` leaves out NaN/inf/extremes, which reassociation legitimately changes);
     ``check_aliasing=False`` skips the memory-sharing checks. Draws are the same every run unless
@@ -359,6 +362,9 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
             case: FxCase = data.draw(cases(ops=names), label="graph")
         else:
             case = data.draw(strategy, label="graph")
+        check_case(data, case)
+
+    def check_case(data, case: FxCase, swept: bool = False):
         before = _snapshot(case.gm)
         try:
             after = apply_fx_pass(pass_fn, case.gm, takes)
@@ -381,19 +387,36 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
                 detail = "traceback:\n" + "".join(traceback.format_exception(e)).rstrip()
             else:
                 why, detail = _difference(expected, got, names, exact, tol, check_aliasing), None
-            report.runs += 1
+            report.runs += not swept
             if why:
                 raise _failure(name, why, case, before, after, assignment if case.dynamic else None, inputs, detail)
+        if swept:
+            report.swept += 1
+            return
         report.graphs += 1  # counted once every run of the graph is compared
         report.changed += after.code != before.code
 
-    test = settings(max_examples=examples, deadline=None, database=None, derandomize=seed is None,
-                    suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
-                    report_multiple_bugs=False, print_blob=False)(given(st.data())(check_one))
-    if seed is not None:
-        test = hypothesis_seed(seed)(test)
-    with _shrinking_limited_to(shrink_seconds):
-        test()
+    def checking(strategy):
+        def check_drawn(data):
+            check_case(data, data.draw(strategy, label="graph"), swept=True)
+        return check_drawn
+
+    def run(check, max_examples: int):
+        test = settings(max_examples=max_examples, deadline=None, database=None, derandomize=seed is None,
+                        suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
+                        report_multiple_bugs=False, print_blob=False)(given(st.data())(check))
+        if seed is not None:
+            test = hypothesis_seed(seed)(test)
+        with _shrinking_limited_to(shrink_seconds):
+            test()
+
+    # Each op the pass changes, alone, in every dtype: a pass wrong for one dtype (bool ** 2 is
+    # int64) is found whatever the random graphs below happen to draw.
+    for op in report.focus:
+        for dtype in dtypes or GRAPH_DTYPES:
+            with contextlib.suppress(Unsatisfiable):  # the op has no graph in this dtype
+                run(checking(cases(ops=[op], dtypes=(dtype,), max_ops=2)), SWEEP_EXAMPLES)
+    run(check_one, examples)
     report.seconds = time.perf_counter() - start
     return report
 
