@@ -239,6 +239,8 @@ def main():
         f"MiniLM (real weights), gears {GEARS} x {SEQ} tokens, median of {args.repeat} fresh processes; time from the "
         "model's constructor to the first result of the last gear (import excluded, reported beside).",
         "",
+        "Imports include transformers' BERT module, which imports torch._dynamo. A process that only runs `rewrite.load` (no transformers) pays that import (~1.2 s here) inside the load: the shape check of the export's own graph runs aten.add's meta kernel, which imports torch._dynamo on first use; measured 2.1-2.3 s from load to the last gear's result for `export load + cache` in such a process (2 runs of a side script), 1.0-1.3 s with torch._dynamo imported first.",
+        "",
         table,
         "",
         "![cache](cache.png)",
