@@ -7,6 +7,9 @@ bytes in ``$XDG_CACHE_HOME/rewrite/static_kernels.key``, default ``~/.cache``; c
 use with mode 0600, atomically, so processes starting together agree on one). An artifact whose
 signature does not verify (another user's, tampered with, or damaged) is never loaded: its
 kernels are built anew. This is the model of Jupyter's trusted notebooks.
+
+The compile cache signs its entries with the same key (`rewrite.cache.store`): there a signature
+only spares re-inferring the shapes recorded in a graph file; nothing from a cache file is ever run.
 """
 from __future__ import annotations
 
