@@ -41,6 +41,7 @@ import torch
 
 from ..config import CompilerConfig
 from ..export.errors import ExportError
+from ..export.weights import collected_weight
 from .graphs import GRAPHS_FILE, _Reader, _Writer, check_error, decode_graphs, encode_graphs
 from .key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
 from .store import CacheDir, count, digest_of
@@ -294,13 +295,8 @@ class _InMemoryReader(_Reader):
         self._writer = writer
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors.torch import load as safetensors_load
-
         if name not in self.loaded:
-            weight = self._writer.files.get(name)
-            if weight is None:
-                raise ExportError(f"the graph reads weight {name!r}, which was not collected")
-            self.loaded[name] = safetensors_load(weight.data)[name]
+            self.loaded[name] = collected_weight(self._writer, name)
         return self.loaded[name]
 
 

@@ -24,7 +24,7 @@ from .checks import (MAX_NODES, at, confined_path, decode_device, decode_dtype, 
 from .errors import ExportError
 from .format import decode_inline_tensor, encode_inline_tensor
 
-__all__ = ["INLINE_NUMEL", "WeightWriter", "WeightReader", "file_stem"]
+__all__ = ["INLINE_NUMEL", "WeightWriter", "WeightReader", "file_stem", "collected_weight"]
 
 # Constants up to this many elements are written inline into the graph file.
 INLINE_NUMEL = 64
@@ -194,8 +194,13 @@ class InMemoryWeightReader(WeightReader):
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.loaded:
-            weight = self._writer.files.get(name)
-            if weight is None:
-                raise ExportError(f"the graph reads weight {name!r}, which was not collected")
-            self.loaded[name] = safetensors_load(weight.data)[name]
+            self.loaded[name] = collected_weight(self._writer, name)
         return self.loaded[name]
+
+
+def collected_weight(writer: WeightWriter, name: str) -> torch.Tensor:
+    """Weight ``name`` as ``writer`` serialized it (read back from its bytes, not from the disk)."""
+    weight = writer.files.get(name)
+    if weight is None:
+        raise ExportError(f"the graph reads weight {name!r}, which was not collected")
+    return safetensors_load(weight.data)[name]
