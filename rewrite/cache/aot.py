@@ -22,7 +22,7 @@ from .store import CacheDir, count
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["AotEntry", "aot_entry", "gear_label", "parse_gear_label"]
+__all__ = ["AotEntry", "aot_entry", "gear_label", "parse_gear_label", "gear_graphs_by_key"]
 
 
 def _meta_text(val) -> str:
@@ -95,6 +95,17 @@ def parse_gear_label(label: str) -> tuple | None:
     return tuple(int(p) for p in parts)
 
 
+def gear_graphs_by_key(graphs: dict, where: str) -> dict:
+    """Gear key -> graph, from decoded graphs that must all carry gear labels (``where`` names the file)."""
+    out = {}
+    for label, g in graphs.items():
+        key = parse_gear_label(label)
+        if key is None:
+            raise ValueError(f"{where}: graph {label[:80]!r} is not a gear graph")
+        out[key] = g
+    return out
+
+
 def common_fields(config) -> dict:
     return {"versions": versions(), "config": config_digest(config)[0]}
 
@@ -119,12 +130,7 @@ class AotEntry:
             graphs, extra = decode_graphs(folder, self.live,
                                           trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
             graph = graphs.pop("graph")
-            gears = {}
-            for label, g in graphs.items():
-                key = parse_gear_label(label)
-                if key is None:
-                    raise ValueError(f"{GRAPHS_FILE}: graph {label[:80]!r} is neither the graph nor a gear graph")
-                gears[key] = g
+            gears = gear_graphs_by_key(graphs, GRAPHS_FILE)
             self.ops_before = {str(k): int(v) for k, v in dict(extra.get("ops_before", {})).items()}
         except Exception as e:  # noqa: BLE001 - a damaged entry is a miss, whatever it breaks
             if not check_error(e):

@@ -45,7 +45,7 @@ from ..export.weights import collected_weight
 from .graphs import GRAPHS_FILE, _Reader, _Writer, check_error, decode_graphs, encode_graphs
 from .key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
 from .store import CacheDir, count, digest_of
-from .aot import gear_label, parse_gear_label
+from .aot import gear_graphs_by_key, gear_label
 
 log = logging.getLogger("rewrite")
 
@@ -232,11 +232,7 @@ class CachedFunction:
             if os.path.isdir(os.path.join(folder, "gears")):
                 graphs, _ = decode_graphs(os.path.join(folder, "gears"), {**live, **reader.loaded},
                                           trusted=trusted.get(f"gears/{GRAPHS_FILE}"))
-                for label, g in graphs.items():
-                    gear_key = parse_gear_label(label)
-                    if gear_key is None:
-                        raise ValueError(f"gears/graphs.json: graph {label[:80]!r} is not a gear graph")
-                    gear_graphs[gear_key] = g
+                gear_graphs = gear_graphs_by_key(graphs, f"gears/{GRAPHS_FILE}")
             loaded = ExportedModel(program, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs,
                                    check_metas=trusted.get(PROGRAM_FILE) != digest_of(raw))
             result = self._run(loaded, args, kwargs)  # the call must fit (or it is a miss), before anything is returned

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 
-from .aot import common_fields, gear_label, parse_gear_label
+from .aot import common_fields, gear_graphs_by_key, gear_label
 from .graphs import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
 from .key import digest, key_hash
 from .store import CacheDir, count
@@ -40,12 +40,7 @@ class GearGraphCache:
             try:
                 graphs, _ = decode_graphs(folder, self.live,
                                           trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
-                self.graphs = {}
-                for label, g in graphs.items():
-                    key = parse_gear_label(label)
-                    if key is None:
-                        raise ValueError(f"graph {label[:80]!r} is not a gear graph")
-                    self.graphs[key] = g
+                self.graphs = gear_graphs_by_key(graphs, GRAPHS_FILE)
                 self.hit = True
                 count("hits")
             except Exception as e:  # noqa: BLE001 - a damaged entry is a miss
