@@ -37,6 +37,7 @@ import torch
 
 from ..ir import Graph
 from .plan import mutated_inputs
+from .stream_cuda import _record_stream
 
 log = logging.getLogger("rewrite")
 
@@ -141,7 +142,7 @@ class CapturedGear:
             # Copied on the graph's stream, before any later replay can overwrite the pool's outputs.
             out = _copy(self.static_outputs)
         caller.wait_stream(g.stream)
-        _used_on(out, caller)
+        _record_stream(out, caller)  # made on the graph's stream, used on the caller's
         return out
 
 
@@ -152,12 +153,3 @@ def _copy(out):
     if isinstance(out, (list, tuple)):
         return type(out)(_copy(o) for o in out)
     return out
-
-
-def _used_on(out, stream) -> None:
-    """Tell the caching allocator that tensors made on the graph's stream are used on ``stream``."""
-    if isinstance(out, torch.Tensor):
-        out.record_stream(stream)
-    elif isinstance(out, (list, tuple)):
-        for o in out:
-            _used_on(o, stream)

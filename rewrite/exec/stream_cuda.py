@@ -30,6 +30,7 @@ __all__ = ["compile_cuda_streams"]
 
 
 def _record_stream(value, stream) -> None:
+    """Tell the caching allocator that the tensors in ``value`` (made on another stream) are used on ``stream``."""
     if isinstance(value, torch.Tensor):
         value.record_stream(stream)
     elif isinstance(value, (list, tuple)):
