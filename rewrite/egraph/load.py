@@ -26,6 +26,7 @@ from ..cost import is_weight
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect
 from ..ops import (OpError, canonical_call, constant_key, dtype_str, is_mutable, is_nondeterministic,
                    register_target, shape_key, splat_key)
+from ..utils import atomic_write_text
 from .terms import MAX_CALL_ARITY, Tables, Unencodable, float_key
 
 log = logging.getLogger("rewrite")
@@ -250,7 +251,8 @@ class Loader:
             cmds = []
             for relation, lines in self.rows.items():
                 path = os.path.join(folder, f"{relation}.tsv")
-                _write_private(path, "\n".join(lines) + "\n")
+                # read once and deleted right away: no fsync
+                atomic_write_text(path, "\n".join(lines) + "\n", durable=False)
                 cmds.append(f'(input {relation} "{path}")')
             egraph.run_program(*egraph.parse_program("".join(cmds)))
             egraph.run_program(*egraph.parse_program("(run-schedule (run load) (run facts))"))
@@ -269,16 +271,6 @@ def tensor_splat(value: torch.Tensor) -> str | None:
     s = splat_key(value)
     _splat_cache[value] = (value._version, s)
     return s
-
-
-def _write_private(path: str, text: str) -> None:
-    """Write a file of our private temporary folder: atomically (temp name + rename) but without
-    the fsync of `rewrite.utils.atomic_write_text`, which costs ~1 ms a file and buys nothing for
-    a file read once and deleted right away."""
-    tmp = path + ".part"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _literal_key(value):

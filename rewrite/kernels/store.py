@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from ..utils import atomic_write_text
 
 __all__ = ["KernelStore", "StoreError", "check_local_world", "default_build_dir", "OUTPUTS"]
 
@@ -103,12 +104,9 @@ class KernelStore:
         n = self._counts.get((folder, stem), 0)
         self._counts[(folder, stem)] = n + 1
         path = os.path.join(folder, f"{stem}_{n}.json")
-        # Renamed into place (readers never see half a record) but not fsynced: records are a log,
-        # written for every op of every gear at every start, and thousands of fsyncs cost seconds.
-        tmp = os.path.join(folder, f".tmp-{stem}_{n}.json")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        # Not fsynced: records are a log, written for every op of every gear at every start, and
+        # thousands of fsyncs cost seconds.
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True), durable=False)
         return path
 
     def artifacts(self) -> list[str]:
