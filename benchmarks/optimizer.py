@@ -225,6 +225,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
+    ap.add_argument("--no-record", action="store_true",
+                    help="print the optimize-time table only: write neither RESULTS.md nor the plot")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -250,6 +252,8 @@ def main() -> None:
     n_rules = sum(len(rs) for rs in default_rulesets())
     print(table)
     print(f"{n_rules} rules in {len(default_rulesets())} rulesets")
+    if args.no_record:
+        return
 
     import matplotlib
     matplotlib.use("Agg")
