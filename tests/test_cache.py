@@ -382,7 +382,13 @@ def test_results_equal_eager_at_every_gear(tmp_path):
             assert counters["hits"] == hits + 1
 
 
-def test_geared_export_load_reuses_gear_graphs(tmp_path):
+def test_geared_export_load_reuses_gear_graphs(tmp_path, monkeypatch):
+    import rewrite.export.loader as loader
+    from rewrite.cache.store import SIGNATURE_FILE
+
+    inferred = []
+    real = loader._check_metas
+    monkeypatch.setattr(loader, "_check_metas", lambda g, where: (inferred.append(where), real(g, where))[1])
     model = Small()
     x = torch.randn(4, 8)
     rewrite.inference.set_dim_gears(x, dim_gears={0: [2, 4]})
@@ -390,14 +396,29 @@ def test_geared_export_load_reuses_gear_graphs(tmp_path):
     config = rewrite.CompilerConfig()
     config.cache.dir = str(tmp_path / "cache")
     first = rewrite.load(str(tmp_path / "export"), config=config)
-    hits = counters["hits"]
+    assert inferred  # the first load checks the export's recorded shapes
+    hits, inferred[:] = counters["hits"], []
     second = rewrite.load(str(tmp_path / "export"), config=config)
     assert counters["hits"] == hits + 1
     assert "gear graphs" in second.report.applied and not second.report.stage_seconds.get("egraph.saturate")
+    # The signed entry's key holds the program's digest, written after that program was checked:
+    # neither the export's graph nor the gear graphs are shape-inferred again.
+    assert inferred == []
     for batch in (2, 4):
         y = torch.randn(batch, 8)
         with torch.no_grad():
             assert torch.allclose(second(y), model(y), atol=1e-5) and torch.allclose(first(y), second(y))
+
+    (rel, _), = _entries(tmp_path / "cache")
+    sig = tmp_path / "cache" / rel / SIGNATURE_FILE
+    record = json.loads(sig.read_bytes())
+    record["hmac"] = "0" * 64  # a forged signature is no signature: every check runs again
+    sig.write_text(json.dumps(record))
+    third = rewrite.load(str(tmp_path / "export"), config=config)
+    assert counters["hits"] == hits + 2
+    assert sorted(inferred) == ["export.json: graph", "graphs.json: graphs['gear:2']", "graphs.json: graphs['gear:4']"]
+    with torch.no_grad():
+        assert torch.allclose(third(x), model(x), atol=1e-5)
 
 
 def test_cli(tmp_path, capsys):

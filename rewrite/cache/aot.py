@@ -127,7 +127,7 @@ class AotEntry:
         if folder is None:
             return None
         try:
-            graphs, extra = decode_graphs(folder, self.live,
+            graphs, extra, _ = decode_graphs(folder, self.live,
                                           trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
             graph = graphs.pop("graph")
             gears = gear_graphs_by_key(graphs, GRAPHS_FILE)

@@ -230,7 +230,7 @@ class CachedFunction:
             reader.verify_all()
             gear_graphs = {}
             if os.path.isdir(os.path.join(folder, "gears")):
-                graphs, _ = decode_graphs(os.path.join(folder, "gears"), {**live, **reader.loaded},
+                graphs, _, _ = decode_graphs(os.path.join(folder, "gears"), {**live, **reader.loaded},
                                           trusted=trusted.get(f"gears/{GRAPHS_FILE}"))
                 gear_graphs = gear_graphs_by_key(graphs, f"gears/{GRAPHS_FILE}")
             loaded = ExportedModel(program, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs,

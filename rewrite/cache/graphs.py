@@ -143,13 +143,14 @@ def encode_graphs(graphs: dict[str, Graph], live: dict | None = None, extra: dic
 
 
 def decode_graphs(folder: str, live: dict | None = None, *, static: bool = False,
-                  trusted: str | None = None) -> tuple[dict[str, Graph], dict]:
-    """(label -> graph, the ``extra`` object) from the files `encode_graphs` wrote into ``folder``.
+                  trusted: str | None = None) -> tuple[dict[str, Graph], dict, bool]:
+    """(label -> graph, the ``extra`` object, signed) from the files `encode_graphs` wrote into ``folder``.
 
     Anything that does not fit is an `ExportError` naming the file and field. ``static``: every
     graph must have fixed sizes (gear graphs). ``trusted``: the sha256 a verified entry signature
-    lists for the file (`CacheDir.trusted_digests`); when the bytes read have it, the recorded metas
-    are this user's rewrite's own and are not inferred again (every other check still runs).
+    lists for the file (`CacheDir.trusted_digests`); when the bytes read have it (``signed``), the
+    recorded metas are this user's rewrite's own and are not inferred again (every other check
+    still runs).
     """
     import os
 
@@ -181,7 +182,7 @@ def decode_graphs(folder: str, live: dict | None = None, *, static: bool = False
             for key, value in expect_object(kept, node_where, optional=tuple(_BOOKKEEPING)).items():
                 node.attrs[key] = _BOOKKEEPING[key](value, at(node_where, key))
         graphs[label] = g
-    return graphs, expect_object(data["extra"], at(where, "extra"))
+    return graphs, expect_object(data["extra"], at(where, "extra")), not check_metas
 
 
 def check_error(e: Exception) -> bool:

@@ -33,13 +33,14 @@ class GearGraphCache:
         self.live = dict(weights.loaded)
         self.graphs: dict = {}
         self.hit = False
+        self.signed = False  # a hit whose entry this user's rewrite signed (see `program_checked`)
 
     def load(self) -> dict:
         folder = self.cache.lookup(self.rel, self.fields, f"the gears of {self.label}")
         if folder is not None:
             try:
-                graphs, _ = decode_graphs(folder, self.live,
-                                          trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
+                graphs, _, self.signed = decode_graphs(
+                    folder, self.live, trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
                 self.graphs = gear_graphs_by_key(graphs, GRAPHS_FILE)
                 self.hit = True
                 count("hits")
@@ -49,6 +50,13 @@ class GearGraphCache:
                 self.cache.damaged(folder, e)
                 self.graphs = {}
         return self.graphs
+
+    @property
+    def program_checked(self) -> bool:
+        """Whether the export's own graph was checked by the load that wrote this entry: a signed
+        entry's key holds the program's digest, and entries are written only after a load checked
+        every recorded meta of that program. Then the load may skip inferring them again."""
+        return self.hit and self.signed
 
     def store(self) -> None:
         if self.hit or not self.graphs:

@@ -116,7 +116,8 @@ class ExportedModel:
         """``gear_graphs`` (gear key -> optimized graph): gears found there are built without optimizing,
         and the others are added to it as they are optimized (the compile cache reads and writes it).
         ``check_metas=False`` skips inferring the recorded shapes again: only for a program whose bytes
-        this user's rewrite signed (a compile cache entry); every other check runs."""
+        (or digest, in a signed key) this user's rewrite signed after checking them (a compile cache
+        entry); every other check runs."""
         version = _check_program(program, where)
         self.program = program
         self.use_gears = use_gears
@@ -473,7 +474,9 @@ def _model(program: dict, weights: WeightReader, config, groups, path: str) -> E
     from ..cache.loads import GearGraphCache
 
     cache = GearGraphCache(config, program, weights, path)
-    model = ExportedModel(program, weights, config, groups, where=where, gear_graphs=cache.load())
+    gear_graphs = cache.load()
+    model = ExportedModel(program, weights, config, groups, where=where, gear_graphs=gear_graphs,
+                          check_metas=not cache.program_checked)
     cache.store()
     return model
 

@@ -155,8 +155,6 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
         with report.stage("codegen"):
             return build_static(graph)
     from ..dump import dump_graph
-    from ..optimizer import optimize
-    from .padding import plan_padding
 
     fallback = unit.config.inference_config.gear_fallback
     symbols, gears = bind_gears(graph, gear_spec)
@@ -190,6 +188,8 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
             static = gear_graphs.get(key) if gear_graphs is not None else None
             cached = static is not None
             if not cached:
+                from ..optimizer import optimize  # here: a load whose gears all come from the cache never imports it
+
                 static = concretize(graph, values)
                 static = optimize(static, unit.config, GraphReport(static.name))
                 if gear_graphs is not None:
@@ -209,6 +209,8 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
         with report.stage("codegen"):
             dynamic_fn = build_static(graph)
     elif fallback == "pad":
+        from .padding import plan_padding
+
         padder, refusal = plan_padding(graph, symbols)
         if refusal:
             log.warning("gears: graph %d cannot pad shapes outside the gears: %s", number, refusal)
