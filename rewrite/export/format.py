@@ -245,17 +245,55 @@ def decode_meta(d, symbols: dict[str, sympy.Symbol], where: str):
     if isinstance(d, list):
         return tuple(decode_meta(m, symbols, at(where, i)) for i, m in enumerate(expect_list(d, where, 10_000)))
     expect_object(d, where)
+    key = _tensor_meta_key(d, symbols)
+    if key is not None:
+        meta = _tensor_metas.get(key)
+        if meta is None:
+            meta = _decode_tensor_meta(d, symbols, where)
+            if len(_tensor_metas) >= _TENSOR_METAS_MAX:
+                _tensor_metas.clear()
+            _tensor_metas[key] = meta
+        return meta
     if "dtype" in d:
-        expect_object(d, where, required=("dtype", "shape"), optional=("device",))
-        dims = expect_list(d["shape"], at(where, "shape"), max_len=64)
-        shape = tuple(_decode_size(s, symbols, at(at(where, "shape"), i)) for i, s in enumerate(dims))
-        if math.prod(int(s) for s in shape if s.is_Integer) > MAX_NUMEL:
-            raise fail(at(where, "shape"), f"{dims} has more than {MAX_NUMEL} elements")
-        return TensorMeta(decode_dtype(d["dtype"], at(where, "dtype")), shape,
-                          decode_device(d.get("device", "cpu"), at(where, "device")))
+        return _decode_tensor_meta(d, symbols, where)
     expect_object(d, where, required=("sym", "type"))
     pytype = _from_table(_PYTYPES, d["type"], at(where, "type"), "size type")
     return SymMeta(_decode_expr(d["sym"], symbols, at(where, "sym")), pytype)
+
+
+def _decode_tensor_meta(d: dict, symbols: dict[str, sympy.Symbol], where: str) -> TensorMeta:
+    expect_object(d, where, required=("dtype", "shape"), optional=("device",))
+    dims = expect_list(d["shape"], at(where, "shape"), max_len=64)
+    shape = tuple(_decode_size(s, symbols, at(at(where, "shape"), i)) for i, s in enumerate(dims))
+    if math.prod(int(s) for s in shape if s.is_Integer) > MAX_NUMEL:
+        raise fail(at(where, "shape"), f"{dims} has more than {MAX_NUMEL} elements")
+    return TensorMeta(decode_dtype(d["dtype"], at(where, "dtype")), shape,
+                      decode_device(d.get("device", "cpu"), at(where, "device")))
+
+
+def _tensor_meta_key(d: dict, symbols: dict):
+    """A tensor meta record as a hashable key (with the graph's symbol table when a size names a
+    symbol), or None for any other record.
+
+    Tensor metas repeat across nodes and gear graphs; one decoded (checked) `TensorMeta` is shared
+    by all records equal to it (metas are immutable). Every part must be exactly a str or an int
+    (``True == 1`` hashes alike, and a bool size must still be refused), so equal keys mean equal
+    records and the checks that accepted the first accept every later one.
+    """
+    if len(d) > 3 or type(d.get("dtype")) is not str or type(d.get("device", "cpu")) is not str:
+        return None
+    if len(d) == 3 and "device" not in d:
+        return None
+    shape = d.get("shape")
+    if type(shape) is not list or len(shape) > 64 or not all(type(s) is int or type(s) is str for s in shape):
+        return None
+    named = any(type(s) is str for s in shape)
+    return d["dtype"], tuple(shape), d.get("device", "cpu"), tuple(symbols.items()) if named else None
+
+
+# Decoded tensor metas by `_tensor_meta_key` (bounded; sharing is safe: metas are frozen).
+_TENSOR_METAS_MAX = 4096
+_tensor_metas: dict = {}
 
 
 def make_symbol(name: str, lower: int = 0) -> sympy.Symbol:
