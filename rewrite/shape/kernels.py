@@ -19,7 +19,7 @@ from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from ..ir import MIN_INT64, SymMeta, TensorMeta, iter_metas
-from ..ops import target_name
+from ..ops import is_nondeterministic, is_pointwise, target_name
 from .context import ShapeInferenceError, to_expr
 
 log = logging.getLogger("rewrite")
@@ -181,7 +181,30 @@ def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
 
     With ``unknown_rank=r`` the probe instead keeps known ranks (static sizes as they are, symbolic
     sizes as 1) and gives tensors of unknown rank ``r`` dimensions of size 1.
+
+    A dtype probe of a deterministic pointwise op (1-element tensors) runs its CPU kernel on ones first, and its meta kernel
+    only where that fails (no CPU kernel for a dtype, a value check): many meta kernels are Python
+    references whose first call imports torch._dynamo (over a second), which a process that only
+    loads an export would otherwise pay. Promotion does not depend on the device.
     """
+    key = _probe_key(target, args, kwargs, unknown_rank)
+    if key is not None and key in _probe_cache:
+        return _probe_cache[key]
+    out = None
+    if unknown_rank is None and is_pointwise(target) and not is_nondeterministic(target):  # never touch the RNG
+        try:
+            out = _run_probe(target, args, kwargs, unknown_rank, "cpu")
+        except Exception:  # noqa: BLE001 - the meta kernel below decides
+            out = None
+    if out is None:
+        out = _run_probe(target, args, kwargs, unknown_rank, "meta")
+    if key is not None and len(_probe_cache) < 4096:
+        _probe_cache[key] = out
+    return out
+
+
+def _run_probe(target, args, kwargs, unknown_rank: int | None, device: str):
+    """``target`` on stand-ins of ``args``: tensors of ones on ``device`` with the inputs' dtypes."""
     def lift(x):
         if isinstance(x, TensorMeta):
             if unknown_rank is None:
@@ -190,7 +213,7 @@ def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
                 shape = (1,) * unknown_rank
             else:
                 shape = tuple(int(s) if to_expr(s).is_Integer else 1 for s in x.shape)
-            return torch.empty(shape, dtype=x.dtype, device="meta")
+            return torch.ones(shape, dtype=x.dtype, device=device)
         if isinstance(x, SymMeta):
             e = to_expr(x.expr)
             if unknown_rank is not None and e.is_Number:
@@ -199,17 +222,12 @@ def probe_dtype(target, args, kwargs, unknown_rank: int | None = None):
         if isinstance(x, sympy.Expr):
             return int(x) if x.is_Integer else 1
         if isinstance(x, torch.device):
-            return torch.device("meta")
+            return torch.device(device)
         return x
 
-    key = _probe_key(target, args, kwargs, unknown_rank)
-    if key is not None and key in _probe_cache:
-        return _probe_cache[key]
     probe_args, probe_kwargs = map_aggregate((tuple(args), kwargs), lift)
-    out = target(*probe_args, **probe_kwargs)
-    if key is not None and len(_probe_cache) < 4096:
-        _probe_cache[key] = out
-    return out
+    with torch.no_grad():
+        return target(*probe_args, **probe_kwargs)
 
 
 _probe_cache: dict = {}
