@@ -46,6 +46,7 @@ __all__ = [
     "op_name",
     "target_name",
     "is_side_effect",
+    "same_meta",
 ]
 
 
@@ -94,6 +95,21 @@ class SymMeta:
         return f"{self.pytype.__name__}={self.expr}"
 
 
+def same_meta(a, b) -> bool:
+    """``str(a) == str(b)``: how passes compare metas (a size 8 and sympy's 8 agree). Static tensor
+    metas, most of a graph's, are compared field by field exactly as they print: formatting sympy
+    shapes was most of a constant-folding pass."""
+    if isinstance(a, TensorMeta) and isinstance(b, TensorMeta) and _int_shape(a.shape) and _int_shape(b.shape):
+        return (short_dtype(a.dtype) == short_dtype(b.dtype) and len(a.shape) == len(b.shape)
+                and all(int(x) == int(y) for x, y in zip(a.shape, b.shape))
+                and (a.device.type == "cpu" if b.device.type == "cpu" else str(a.device) == str(b.device)))
+    return str(a) == str(b)
+
+
+def _int_shape(shape) -> bool:
+    return shape is not None and all(type(s) is int or isinstance(s, sympy.Integer) for s in shape)
+
+
 # The smallest value a SymInt can take (int64): the lower bound of an int symbol unbounded below.
 MIN_INT64 = -(2**63)
 
@@ -133,10 +149,9 @@ class Node:
     def inputs(self) -> list["Node"]:
         """The nodes this node reads, in argument order, without duplicates."""
         seen, out = set(), []
-        for n in iter_nodes((self.args, self.kwargs)):
-            if n.id not in seen:
-                seen.add(n.id)
-                out.append(n)
+        _gather_nodes(self.args, seen, out)
+        if self.kwargs:
+            _gather_nodes(self.kwargs.values(), seen, out)
         return out
 
     @property
@@ -177,14 +192,35 @@ def iter_nodes(obj) -> Iterator[Node]:
     return iter_instances(obj, Node)
 
 
+def _gather_nodes(values, seen: set, out: list) -> None:
+    """Append the `Node`s inside ``values`` (nested lists/tuples/dicts) to ``out``, once each.
+
+    A loop rather than the `iter_nodes` generator: passes ask every node for its inputs on every
+    sweep, and a generator frame per nesting level was most of that time on large graphs."""
+    for a in values:
+        if isinstance(a, Node):
+            if a.id not in seen:
+                seen.add(a.id)
+                out.append(a)
+        elif isinstance(a, (list, tuple)):
+            _gather_nodes(a, seen, out)
+        elif isinstance(a, dict):
+            _gather_nodes(a.values(), seen, out)
+
+
+_CONTAINERS = (tuple, list, dict)
+
+
 def map_nodes(obj, fn: Callable[[Node], Any]):
     """Rebuild a nested args structure with every `Node` replaced by ``fn(node)``."""
     if isinstance(obj, Node):
         return fn(obj)
+    # leaves are handled inline: most arguments are flat tuples of nodes and scalars
     if isinstance(obj, tuple):
-        return tuple(map_nodes(x, fn) for x in obj)
+        return tuple([fn(x) if isinstance(x, Node) else map_nodes(x, fn) if isinstance(x, _CONTAINERS) else x
+                      for x in obj])
     if isinstance(obj, list):
-        return [map_nodes(x, fn) for x in obj]
+        return [fn(x) if isinstance(x, Node) else map_nodes(x, fn) if isinstance(x, _CONTAINERS) else x for x in obj]
     if isinstance(obj, dict):
         return {k: map_nodes(v, fn) for k, v in obj.items()}
     return obj
@@ -210,16 +246,29 @@ def is_side_effect(node: Node) -> bool:
         return True
     if node.kind != "call":
         return False
-    t = node.target
-    # Runtime assertions (_assert_async, _assert_scalar, ...) and profiler/autocast markers: FX's
-    # own list of calls that must run even though nothing reads their result.
-    if t in torch.fx.node._side_effectful_functions:
-        return True
-    if isinstance(t, torch._ops.OpOverload):
-        if t._schema.is_mutable:
-            return True
-        return t.namespace in ("rewrite_stream",) or node.attrs.get("side_effect", False)
-    return node.attrs.get("side_effect", False)
+    return _target_has_side_effect(node.target) or node.attrs.get("side_effect", False)
+
+
+# target id -> (target, whether its calls always have a side effect). Asked for every node of every
+# sweep, and hashing an OpOverload runs Python code; holding the target keeps its id from being
+# reused. Emptied when FX's list of side-effectful functions changes (it only grows).
+_target_effects: dict[int, tuple[Any, bool]] = {}
+_target_effects_version = [0]
+
+
+def _target_has_side_effect(t) -> bool:
+    effectful = torch.fx.node._side_effectful_functions
+    if len(effectful) != _target_effects_version[0]:
+        _target_effects.clear()
+        _target_effects_version[0] = len(effectful)
+    entry = _target_effects.get(id(t))
+    if entry is None or entry[0] is not t:
+        # Runtime assertions (_assert_async, _assert_scalar, ...) and profiler/autocast markers:
+        # FX's own list of calls that must run even though nothing reads their result.
+        always = t in effectful or (isinstance(t, torch._ops.OpOverload)
+                                    and (t._schema.is_mutable or t.namespace in ("rewrite_stream",)))
+        entry = _target_effects[id(t)] = (t, always)
+    return entry[1]
 
 
 class Graph:
@@ -382,8 +431,9 @@ class Graph:
         mapping: dict[int, Node] = {}
         remap = lambda n: mapping[n.id]  # noqa: E731
         for n in self.nodes:
-            args = _copy_subgraphs(map_nodes(n.args, remap))
-            m = Node(n.kind, n.target, args, map_nodes(n.kwargs, remap), n.meta, dict(n.attrs), name=n.name,
+            args = _copy_args(n.args, mapping)
+            kwargs = map_nodes(n.kwargs, remap) if n.kwargs else None
+            m = Node(n.kind, n.target, args, kwargs, n.meta, n.attrs, name=n.name,
                      waits=[mapping[w.id] for w in n.waits])
             mapping[n.id] = m
             g.add(m)
@@ -409,13 +459,18 @@ class Graph:
         return format_graph(self)
 
 
-def _copy_subgraphs(obj):
+def _copy_args(obj, mapping: dict):
+    """A node's args with nodes remapped and subgraphs (in tuples and lists) copied, in one walk."""
+    if isinstance(obj, Node):
+        return mapping[obj.id]
     if isinstance(obj, Graph):
         return obj.copy()
     if isinstance(obj, tuple):
-        return tuple(_copy_subgraphs(x) for x in obj)
+        return tuple([mapping[x.id] if isinstance(x, Node) else _copy_args(x, mapping) for x in obj])
     if isinstance(obj, list):
-        return [_copy_subgraphs(x) for x in obj]
+        return [mapping[x.id] if isinstance(x, Node) else _copy_args(x, mapping) for x in obj]
+    if isinstance(obj, dict):  # subgraphs inside dicts are shared, as they always were
+        return {k: map_nodes(v, lambda n: mapping[n.id]) for k, v in obj.items()}
     return obj
 
 
