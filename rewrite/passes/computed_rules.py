@@ -15,7 +15,7 @@ import torch
 
 from ..dsl import Lit, OpPattern, Pattern, Rule, RuleSet, Var, same_value
 from ..egraph.load import must_pin
-from ..ir import Graph, Node, map_nodes, meta_of_value
+from ..ir import Graph, Node, map_nodes, meta_of_value, same_meta
 from ..ops import OpError, canonical_call
 from ..shape import infer_meta
 
@@ -129,13 +129,13 @@ def _replacement(result, binding, graph: Graph, node: Node, stream):
         except Exception as e:  # noqa: BLE001
             log.debug("computed replacement for %s could not be built: %s", node.name, e)
             return None
-        ok = isinstance(new, Node) and str(new.meta) == str(node.meta)
+        ok = isinstance(new, Node) and same_meta(new.meta, node.meta)
         if not ok:
             graph.prune()
         return new if ok else None
     if isinstance(result, torch.Tensor) or isinstance(result, (int, float, bool)):
         meta = meta_of_value(result)
-        if str(meta) != str(node.meta):
+        if not same_meta(meta, node.meta):
             return None
         return graph.constant(result, meta, before=node)
     return None

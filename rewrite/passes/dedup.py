@@ -27,6 +27,8 @@ def dedup_constants(graph: Graph) -> int:
         return 0
     swap = lambda n: replace.get(n.id, n)  # noqa: E731
     for n in graph.nodes:
+        if not any(d.id in replace for d in n.deps):
+            continue  # only readers are rebuilt: most nodes read no duplicate
         n.args = map_nodes(n.args, swap)
         n.kwargs = map_nodes(n.kwargs, swap)
         if n.waits:

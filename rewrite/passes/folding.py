@@ -19,7 +19,7 @@ import sympy
 import torch
 
 from ..cost import call_inputs, foldable_target, folds_at_compile_time, is_weight, numel
-from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value
+from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value, same_meta
 from ..ops import is_overload
 
 log = logging.getLogger("rewrite")
@@ -42,21 +42,31 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
 
     One pass in graph order (readers come after what they read, so folds cascade within the
     pass), rebuilding the node list once: replacing uses node by node would be quadratic.
+    Calls of one op on the same constant nodes and literals are evaluated once (repeated layers
+    fold the same mask or scale many times); each still becomes a constant node of its own.
     """
     replaced: dict[int, Node] = {}
     swap = lambda n: replaced.get(n.id, n)  # noqa: E731
     waited = graph.waited_on()
     kept: list[Node] = []
+    results: dict = {}  # _call_key -> the evaluated value (None: not foldable)
     for node in graph.nodes:
-        if replaced and any(i.id in replaced for i in call_inputs(node)):
+        inputs = call_inputs(node) if node.kind == "call" or replaced else ()
+        if replaced and any(i.id in replaced for i in inputs):
             node.args = map_nodes(node.args, swap)
             node.kwargs = map_nodes(node.kwargs, swap)
+            inputs = call_inputs(node)
         const = None
         if node.kind == "call" and node.id not in waited:
-            inputs = call_inputs(node)
             if (all(i.kind == "constant" for i in inputs) and can_fold(node)
                     and _fits(node, sum(numel(i.meta) for i in inputs if is_weight(i)), size_limit)):
-                const = _evaluate(node)
+                key = _call_key(node)
+                if key is None:
+                    const = _constant_node(node, _evaluate(node))
+                else:
+                    if key not in results:
+                        results[key] = _evaluate(node)
+                    const = _constant_node(node, results[key])
         if const is None:
             kept.append(node)
             continue
@@ -74,8 +84,30 @@ def _fits(node: Node, weight_numel: int, size_limit: int) -> bool:
     return folds_at_compile_time(node.target, node.meta, weight_numel, size_limit)
 
 
-def _evaluate(node: Node) -> Node | None:
-    """A constant node holding ``node``'s value (every input is a constant), or None."""
+def _call_key(node: Node):
+    """What a fold of ``node`` depends on: its op, its input nodes (constants) and its literals,
+    each literal with its type (``1``, ``1.0`` and ``True`` are equal in Python, their results
+    are not; ``repr`` keeps -0.0 apart from 0.0). None when an argument has no such key."""
+    def key(a):
+        if isinstance(a, Node):
+            return ("node", a.id)
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return (type(a), repr(a))
+        if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return (type(a), str(a))
+        if isinstance(a, (list, tuple)):
+            return (type(a), tuple(key(x) for x in a))
+        raise TypeError(type(a).__name__)
+
+    try:
+        return (node.target, key(node.args), tuple((k, key(v)) for k, v in node.kwargs.items()))
+    except TypeError:
+        return None
+
+
+def _evaluate(node: Node):
+    """``node``'s value (every input is a constant) as a fresh dense tensor or a Python scalar;
+    None if it cannot be evaluated."""
     value_of = {i.id: i.value for i in node.inputs}
     value = lambda n: value_of[n.id]  # noqa: E731
     try:
@@ -85,13 +117,21 @@ def _evaluate(node: Node) -> Node | None:
         log.debug("folding %s (%s) failed: %s", node.name, node.op, e)
         return None
     if isinstance(result, torch.Tensor):
-        if not isinstance(node.meta, TensorMeta) or str(meta_of_value(result)) != str(node.meta):
-            return None
         if any(result.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
                for v in value_of.values() if isinstance(v, torch.Tensor) and v.numel()):
             result = result.clone(memory_format=torch.contiguous_format)  # a dense copy, aliasing nothing
         elif not result.is_contiguous():
             result = result.contiguous()
+    return result
+
+
+def _constant_node(node: Node, result) -> Node | None:
+    """A constant node holding ``result`` in place of ``node``, or None if it does not fit its meta."""
+    if result is None:
+        return None
+    if isinstance(result, torch.Tensor):
+        if not isinstance(node.meta, TensorMeta) or not same_meta(meta_of_value(result), node.meta):
+            return None
         meta = node.meta
     elif isinstance(result, (int, float, bool)) and not isinstance(result, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         meta = meta_of_value(result)
