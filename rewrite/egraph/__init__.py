@@ -28,6 +28,7 @@ from ..ir import Graph, is_side_effect, map_nodes
 from .compile import RuleCompiler
 from .extract import extract
 from .load import LOAD_PRELUDE, load_graph
+from .names import NAME_PRELUDE
 from .rebuild import rebuild
 from .saturate import Limits, SaturationResult, Saturator
 from .snapshot import Snapshot
@@ -49,6 +50,7 @@ class Engine:
         self.tables = Tables()
         self.egraph.run_program(*self.egraph.parse_program(PRELUDE))
         self.egraph.run_program(*self.egraph.parse_program(LOAD_PRELUDE))
+        self.egraph.run_program(*self.egraph.parse_program(NAME_PRELUDE))
         compiler = RuleCompiler(self.tables)
         self.schedule, bodies = [("facts", 1)], []  # facts first: which ops compute which e-classes
         for rs in rulesets:

@@ -1,4 +1,4 @@
-"""Reading e-classes back as Python: argument values, metas, and egglog handles for e-classes.
+"""Reading e-classes back as Python: argument values and metas.
 
 An e-node's argument list is a cons list of e-classes; `Decoder.args` walks it without recursion
 (a ``cat`` of a thousand tensors is a thousand-deep list).
@@ -8,18 +8,14 @@ from __future__ import annotations
 import sympy
 
 from ..ir import SymMeta
-from .snapshot import ENode, Snapshot
+from .snapshot import VALUE_OPS, ENode, Snapshot
 from .terms import Tables
-
-# E-nodes that stand for a Python value rather than a computed tensor or size.
-VALUE_OPS = frozenset({"Int", "Flt", "Atom", "Lst", "Tup", "Opaque"})
 
 
 class Decoder:
     def __init__(self, snap: Snapshot, tables: Tables):
         self.snap = snap
         self.tables = tables
-        self._reverse_table: dict[str, int] | None = None
 
     # -- structure ----------------------------------------------------------------------------
     def list_items(self, tlist_cls: str) -> list[str]:
@@ -58,23 +54,6 @@ class Decoder:
     def meta(self, cls: str):
         key = self.snap.meta_key(cls)
         return None if key is None else self.tables.metas.get(key)
-
-    # -- handles: egglog expressions naming an e-class ---------------------------------------
-    def handle(self, cls, depth: int = 0) -> str:
-        """An egglog expression that denotes e-class ``cls`` (to set analyses on new classes)."""
-        if self._reverse_table is None:
-            self._reverse_table = {}
-            for k, c in self.snap.node_table.items():
-                self._reverse_table.setdefault(c, k)
-        if self.snap.is_primitive(cls):
-            return self.snap.literal_text(cls)
-        if cls in self._reverse_table:
-            return f"(Ref {self._reverse_table[cls]})"
-        if depth > 200:
-            raise RecursionError("e-class handle too deep")
-        node = self.snap.classes[cls][0]
-        parts = " ".join(self.handle(c, depth + 1) for c in node.children)
-        return f"({node.op} {parts})" if parts else f"({node.op})"
 
 
 def literal_meta(node: ENode, snap: Snapshot):

@@ -246,18 +246,24 @@ class Loader:
 
     # -- into egglog --------------------------------------------------------------------------
     def send(self, egraph) -> None:
-        folder = tempfile.mkdtemp(prefix="rewrite-egraph-")
-        try:
-            cmds = []
-            for relation, lines in self.rows.items():
-                path = os.path.join(folder, f"{relation}.tsv")
-                # read once and deleted right away: no fsync
-                atomic_write_text(path, "\n".join(lines) + "\n", durable=False)
-                cmds.append(f'(input {relation} "{path}")')
-            egraph.run_program(*egraph.parse_program("".join(cmds)))
-            egraph.run_program(*egraph.parse_program("(run-schedule (run load) (run facts))"))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        send_rows(egraph, self.rows, "(run-schedule (run load) (run facts))")
+
+
+def send_rows(egraph, rows: dict[str, list[str]], then: str) -> None:
+    """Fill relations with tab-separated ``rows`` (relation -> lines) through files and egglog's
+    ``input`` command, then run ``then``."""
+    folder = tempfile.mkdtemp(prefix="rewrite-egraph-")
+    try:
+        cmds = []
+        for relation, lines in rows.items():
+            path = os.path.join(folder, f"{relation}.tsv")
+            # read once and deleted right away: no fsync
+            atomic_write_text(path, "\n".join(lines) + "\n", durable=False)
+            cmds.append(f'(input {relation} "{path}")')
+        egraph.run_program(*egraph.parse_program("".join(cmds)))
+        egraph.run_program(*egraph.parse_program(then))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 _splat_cache = WeakIdKeyDictionary()
@@ -316,22 +322,20 @@ def load_graph(egraph, tables: Tables, graph: Graph) -> Loaded:
     return loaded
 
 
-def meta_commands(tables: Tables, handle: str, meta) -> list[str]:
-    """egglog commands that record ``meta`` for the e-class named by ``handle`` (new e-classes)."""
+def describe_commands(tables: Tables, meta) -> list[str]:
+    """egglog commands that set the analyses keyed by ``meta``'s key (dtype, rank, device, shape,
+    dims) the first time the key is seen; the meta of an e-class itself goes in by `names`."""
     key = tables.meta_key(meta)
-    if key is None:
+    if key is None or not isinstance(meta, TensorMeta) or key in tables.described:
         return []
-    cmds = [f'(set (meta {handle}) "{key}")']
-    if isinstance(meta, TensorMeta) and key not in tables.described:
-        tables.described.add(key)
-        skey = shape_key(meta.shape)
-        cmds.append(f'(set (dtype "{key}") "{dtype_str(meta.dtype)}")')
-        cmds.append(f'(set (rank "{key}") {len(meta.shape)})')
-        cmds.append(f'(set (device "{key}") "{meta.device.type}")')
-        if _safe(skey):
-            cmds.append(f'(set (shape "{key}") "{skey}")')
-            cmds.extend(f'(set (dim "{key}" {i}) "{size}")' for i, size in enumerate(_dims(meta)))
+    tables.described.add(key)
+    skey = shape_key(meta.shape)
+    cmds = [f'(set (dtype "{key}") "{dtype_str(meta.dtype)}")', f'(set (rank "{key}") {len(meta.shape)})',
+            f'(set (device "{key}") "{meta.device.type}")']
+    if _safe(skey):
+        cmds.append(f'(set (shape "{key}") "{skey}")')
+        cmds.extend(f'(set (dim "{key}" {i}) "{size}")' for i, size in enumerate(_dims(meta)))
     return cmds
 
 
-__all__ = ["Loaded", "load_graph", "must_pin", "meta_commands", "LOAD_PRELUDE"]
+__all__ = ["Loaded", "load_graph", "must_pin", "describe_commands", "send_rows", "LOAD_PRELUDE"]

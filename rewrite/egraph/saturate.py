@@ -16,12 +16,13 @@ import time
 from .compile import MATCH_SUFFIX, PENDING_SUFFIX
 from ..ops import OpError, split_args, target_from_name
 from .decode import VALUE_OPS, Decoder, literal_meta
-from .load import meta_commands
+from .load import describe_commands, send_rows
+from .names import Namer
 from .snapshot import Snapshot
 from .terms import TERM_CONSTRUCTORS, Tables, is_call
 
 log = logging.getLogger("rewrite")
-META_BATCH = 8  # meta commands per egglog program: each costs ~0.1 ms however they are grouped, and long programs parse slowly
+META_BATCH = 8  # commands per egglog program: each costs ~0.1 ms however they are grouped, and long programs parse slowly
 
 
 @dataclasses.dataclass
@@ -81,6 +82,7 @@ class Saturator:
         self._pending_seen = 0
         self._failed_classes: set = set()
         self._meta_cache: dict = {}
+        self._next_name = 0  # names (`Namer`) are never reused while the e-graph lives
 
     def run(self, schedule: list[tuple[str, int]]) -> SaturationResult:
         result = SaturationResult({})
@@ -125,27 +127,29 @@ class Saturator:
         if size == self._pending_seen:
             return False
         self._pending_seen = size
-        snap = Snapshot(self.egraph)
-        dec = Decoder(snap, self.tables)
-        cmds: list[str] = []
-        memo: dict[str, object] = {}
+        snap = Snapshot(self.egraph, for_inference=True)
+        found = _Inference(snap, Decoder(snap, self.tables), Namer(snap, self._next_name))
         for matched, replacements in snap.pending().items():
             for cls in replacements:
                 if snap.meta_key(cls) is None and cls not in self._failed_classes:
-                    meta = self._infer(cls, snap, dec, memo, cmds)
+                    meta = self._infer(cls, found)
                     if meta is None:
                         self._failed_classes.add(cls)
-        for i in range(0, len(cmds), META_BATCH):
-            _run(self.egraph, "".join(cmds[i:i + META_BATCH]))
-        result.metas_inferred += sum(1 for c in cmds if c.startswith("(set (meta"))
+        self._next_name = found.namer.next
+        if found.namer.rows:
+            send_rows(self.egraph, found.namer.rows, "(run-schedule (saturate (run name)))")
+        for i in range(0, len(found.commands), META_BATCH):
+            _run(self.egraph, "".join(found.commands[i:i + META_BATCH]))
+        result.metas_inferred += len(found.namer.rows.get("NameMeta", ()))
         before = egraph_size(self.egraph)
         report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report
         _count(result, report)
         n = sum(report.num_matches_per_rule.values())
         return bool(n) or egraph_size(self.egraph) != before
 
-    def _infer(self, cls: str, snap: Snapshot, dec: Decoder, memo: dict, cmds: list[str], depth: int = 0):
+    def _infer(self, cls, found: "_Inference", depth: int = 0):
         """Meta of e-class ``cls`` (inferring its arguments' metas first); None if unknown."""
+        memo, snap, dec = found.memo, found.snap, found.dec
         if cls in memo:
             return memo[cls]
         known = dec.meta(cls)
@@ -157,20 +161,23 @@ class Saturator:
         meta = None
         for node in snap.classes.get(cls, []):
             if is_call(node.op):
-                meta = self._infer_call(node, snap, dec, memo, cmds, depth)
+                meta = self._infer_call(node, found, depth)
             else:
                 meta = literal_meta(node, snap)
             if meta is not None:
                 break
         memo[cls] = meta
         if meta is not None:
-            try:
-                cmds.extend(meta_commands(self.tables, dec.handle(cls), meta))
-            except RecursionError:
+            if not found.namer.can_name(cls):
                 return None
+            key = self.tables.meta_key(meta)
+            if key is not None:
+                found.namer.set_meta(cls, key)
+                found.commands.extend(describe_commands(self.tables, meta))
         return meta
 
-    def _infer_call(self, node, snap, dec: Decoder, memo, cmds, depth):
+    def _infer_call(self, node, found: "_Inference", depth: int):
+        snap, dec = found.snap, found.dec
         op_name, arg_classes, _stream = dec.call_parts(node)
         try:
             target = target_from_name(op_name)
@@ -181,7 +188,7 @@ class Saturator:
             for n in snap.classes.get(c, []):
                 if n.op in VALUE_OPS:
                     return dec.literal(n, value_of)
-            m = self._infer(c, snap, dec, memo, cmds, depth + 1)
+            m = self._infer(c, found, depth + 1)
             if m is None:
                 raise LookupError(c)
             return m
@@ -202,6 +209,17 @@ class Saturator:
             meta = None
         self._meta_cache[key] = meta
         return meta
+
+
+@dataclasses.dataclass
+class _Inference:
+    """One accept step's state: the snapshot, metas found so far, and what sets them in egglog."""
+
+    snap: Snapshot
+    dec: Decoder
+    namer: Namer
+    memo: dict = dataclasses.field(default_factory=dict)
+    commands: list = dataclasses.field(default_factory=list)  # analyses of new meta keys
 
 
 def infer_meta(target, args, kwargs, symbols):
