@@ -362,6 +362,40 @@ def test_inductor_kernels_compile_each_gear_graph(monkeypatch):
     assert unique_graphs() == 1
 
 
+def test_inductor_kernels_take_large_frozen_weights_as_inputs(monkeypatch):
+    """Weights above LIFT_NUMEL reach Inductor as inputs (its cache key hashes baked constants by
+    value); the small ones stay constants, and results equal eager at the gears and in between."""
+    import rewrite.exec.inductor as inductor
+
+    lifted = []
+    real = inductor._lift_constants
+
+    def recording(graph):
+        g, values = real(graph)
+        lifted.append(([v.shape for v in values], len(g.placeholders) - len(graph.placeholders),
+                       sum(n.kind == "constant" for n in graph.nodes) - sum(n.kind == "constant" for n in g.nodes)))
+        return g, values
+
+    monkeypatch.setattr(inductor, "_lift_constants", recording)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.GELU(), torch.nn.Linear(48, 8)).eval()
+    config = rewrite.CompilerConfig()
+    config.exec.kernels = "inductor"
+    config.experimental_config.frozen_parameter = True
+    config.inference_config.gear_fallback = "dynamic"
+    fn = torch.compile(model, backend=rewrite.get_backend(config), dynamic=True)
+    x = torch.randn(4, 64)
+    set_dim_gears(x, {0: [2, 4]})
+    with torch.no_grad():
+        for batch in (4, 2, 3):
+            y = x[:batch].clone() if batch != 4 else x
+            torch.testing.assert_close(fn(y), model(y), rtol=1e-4, atol=1e-5)
+    assert len(lifted) == 3  # the two gears and the symbolic graph
+    for shapes, inputs, constants in lifted:
+        # 64x48 and 48x8 weights: only the first is above LIFT_NUMEL (1024); biases stay constants
+        assert [tuple(s) for s in shapes] in ([(48, 64)], [(64, 48)]) and inputs == constants == 1
+
+
 # -- real models at every gear -------------------------------------------------------------------
 
 def test_minilm_real_weights_every_batch_gear_matches_eager_and_pads_between():

@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ..fx_bridge import CompileError, to_fx
-from ..ir import Graph, SymMeta, TensorMeta
+from ..ir import Graph, Node, SymMeta, TensorMeta, map_nodes
 from ..ops import bind_arguments
 
 log = logging.getLogger("rewrite")
@@ -108,6 +108,39 @@ def _fake_inputs(graph: Graph, fake_mode: FakeTensorMode) -> list:
     return out
 
 
+# Tensor constants above this many elements reach Inductor as graph inputs, not baked-in constants:
+# Inductor's FX graph cache key hashes a baked constant by value (``tolist`` and pickle: about 12 s
+# per gear for MiniLM's frozen weights, on every compile, cold or warm), an input by its metadata.
+# The kernels are the same: without Inductor's freezing passes a constant is only read, like an input.
+LIFT_NUMEL = 1024
+
+
+def _lift_constants(graph: Graph) -> tuple[Graph, list[torch.Tensor]]:
+    """A copy of ``graph`` whose large tensor constants are extra inputs after its own, and their values
+    (contiguous: the fake inputs Inductor compiles for have contiguous strides)."""
+    large = [n for n in graph.nodes if n.kind == "constant" and isinstance(n.value, torch.Tensor)
+             and n.value.numel() > LIFT_NUMEL]
+    if not large:
+        return graph, []
+    g, mapping = graph.copy_with_map()
+    last = max((i for i, n in enumerate(g.nodes) if n.kind == "placeholder"), default=-1)
+    swap, values = {}, []
+    for k, old in enumerate(large):
+        node = mapping[old.id]
+        name = f"lifted_{k}_{node.name}"
+        swap[node.id] = Node("placeholder", meta=node.meta, attrs={"name": name}, name=name)
+        values.append(old.value.contiguous())
+    g.nodes = [n for n in g.nodes if n.id not in swap]
+    for p in swap.values():
+        p.graph = g
+    g.nodes[last + 1:last + 1] = list(swap.values())
+    remap = lambda n: swap.get(n.id, n)  # noqa: E731
+    for n in g.nodes:
+        n.args, n.kwargs = map_nodes(n.args, remap), map_nodes(n.kwargs, remap)
+        n.waits = tuple(remap(w) for w in n.waits)
+    return g, values
+
+
 def compile_with_inductor(graph: Graph):
     """Compile ``graph`` with Inductor; returns ``f(*inputs) -> outputs``."""
     from torch._guards import TracingContext, tracing
@@ -116,6 +149,7 @@ def compile_with_inductor(graph: Graph):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    graph, lifted = _lift_constants(graph)
     gm = to_fx(graph)
     _keep_eager_numerics(gm)
     static = graph.is_static()
@@ -133,7 +167,7 @@ def compile_with_inductor(graph: Graph):
         raise CompileError(f"inductor kernels: graph {graph.name} failed to compile: {type(e).__name__}: {e}") from e
 
     def run(*args):
-        return compiled(list(args))
+        return compiled([*args, *lifted])
 
     run.__rewrite_inductor__ = True
     return run
