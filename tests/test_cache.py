@@ -329,6 +329,31 @@ def test_cache_compile_key_fields_and_damage(tmp_path, caplog):
     assert counters["hits"] == hits + 1
 
 
+def test_cache_compile_sees_weights_change_between_calls(tmp_path):
+    """One wrapped method, its weights changed between calls in each way a user can: every call
+    after a change computes with the new weights (a miss and a new program), never a stale one."""
+    m = TwoMethods(str(tmp_path))
+    x = torch.randn(4, 8)
+
+    def check():
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), m.inner(x, scale=2.0), rtol=1e-5, atol=1e-5)
+
+    check()
+    misses = counters["misses"]
+    with torch.no_grad():
+        m.linear.weight.mul_(2)  # in place: the version counter moves
+    check()
+    m.linear.weight.data = torch.randn(8, 8)  # new storage, same Parameter object
+    check()
+    m.linear.bias = torch.nn.Parameter(torch.randn(8))  # a new Parameter registered
+    check()
+    m.linear = torch.nn.Linear(8, 8)  # a new submodule
+    check()
+    check()  # nothing changed: the program of the call before serves it
+    assert counters["misses"] == misses + 4
+
+
 def test_cache_compile_refuses_rng_and_bad_arguments(tmp_path):
     class Noisy(torch.nn.Module):
         def __init__(self):
