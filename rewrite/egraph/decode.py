@@ -29,11 +29,19 @@ class Decoder:
             out.append(node.children[0])
             cls = node.children[1]
 
-    def call_parts(self, node: ENode) -> tuple[str, list[str], str]:
-        """(op name, argument e-classes, stream string) of a Call e-node."""
+    def call_parts(self, node: ENode) -> tuple[str, tuple, str]:
+        """(op name, argument e-classes, stream string) of a Call e-node.
+
+        Remembered per e-node (in the snapshot): extraction and rebuilding ask for each chosen
+        call several times."""
+        entry = self.snap.call_parts.get(id(node))
+        if entry is not None and entry[0] is node:
+            return entry[1]
         op_cls, stream_cls = node.children[0], node.children[-1]
-        args = self.list_items(node.children[1]) if node.op == "CallN" else list(node.children[1:-1])
-        return self.snap.string(op_cls), args, self.snap.string(stream_cls)
+        args = tuple(self.list_items(node.children[1])) if node.op == "CallN" else node.children[1:-1]
+        parts = (self.snap.string(op_cls), args, self.snap.string(stream_cls))
+        self.snap.call_parts[id(node)] = (node, parts)  # the e-node is held: its id cannot be reused
+        return parts
 
     def literal(self, node: ENode, value_of) -> object:
         """Python value of a literal e-node; ``value_of(cls)`` decodes child classes."""

@@ -100,7 +100,7 @@ class Rebuilder:
         args, kwargs = strip_defaults(target, args, kwargs)
         tag = self.tables.streams.get(stream) if stream else None
         orig = next((o for o in self.originals.get(cls, ())
-                     if o.kind == "call" and target_name(o.target) == op_name
+                     if o.kind == "call" and (o.target is target or target_name(o.target) == op_name)
                      and o.attrs.get("stream") == tag), None)
         attrs = dict(orig.attrs) if orig is not None else ({} if tag is None else {"stream": tag})
         new = Node("call", target, args, kwargs, self.meta(cls, orig), attrs,

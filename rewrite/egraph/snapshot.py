@@ -5,11 +5,14 @@ graph, against ~0.6 s for ``serialize(...).to_json()`` + ``json.loads`` (measure
 extraction (every e-class), and to infer metas of e-classes that rules created (``for_inference``:
 only what inference reads, a small part of a large graph's e-graph).
 
-An e-class is named by ``(sort, Value)``. An e-node's children are ``(sort, Value)`` pairs too;
-primitive ones (op names, stream tags, integers) are decoded on demand by `Snapshot.string`.
+An e-class is named by an int, numbered here. An e-node's children are e-class numbers, and its
+primitive arguments (op names, stream tags, integers) their text, as `Snapshot.string` gives them.
+egglog's own ``(sort, Value)`` handles are translated once per row: hashing one runs Rust code
+through Python, and extraction hashes e-class names millions of times.
 """
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 from .terms import ANALYSES
@@ -20,20 +23,21 @@ VALUE_OPS = frozenset({"Int", "Flt", "Atom", "Lst", "Tup", "Opaque"})
 _PRIMITIVE_SORTS = {"String": "value_to_string", "i64": "value_to_i64", "f64": "value_to_f64", "bool": "value_to_bool"}
 
 
-def _cached(decode, cache: dict):
-    """``decode`` memoized by Value: op names and stream tags repeat on every row."""
+def _text_of(decode):
+    """``str(decode(value))`` memoized by Value: op names and stream tags repeat on every row."""
+    cache: dict = {}
+
     def get(value):
-        key = (decode, value)
-        out = cache.get(key)
+        out = cache.get(value)
         if out is None:
-            out = cache[key] = decode(value)
+            out = cache[value] = str(decode(value))
         return out
     return get
 
 
 class ENode(NamedTuple):
     op: str
-    children: tuple  # e-class keys, or ("prim", value) for primitive arguments
+    children: tuple  # e-class numbers (int), or the text of primitive arguments (str)
 
 
 class Snapshot:
@@ -42,20 +46,35 @@ class Snapshot:
         e-classes without a meta or without a ``Ref`` (what rules created), literals and lists.
         The e-classes of the graph's own nodes (a meta and a ``Ref`` each) are skipped: after
         the first rounds they are nearly all of the e-graph."""
-        frozen = egraph.freeze()
-        functions = frozen.functions
-        self.classes: dict[tuple, list[ENode]] = {}
-        self.node_table: dict[int, tuple] = {}       # reference index -> e-class (not for_inference)
+        functions = egraph.freeze().functions
+        self.classes: dict[int, list[ENode]] = {}
+        self.node_table: dict[int, int] = {}         # reference index -> e-class (not for_inference)
         self.analysis: dict[str, dict] = {name: {} for name in ANALYSES}
-        self._decoders = {sort: _cached(getattr(egraph, fn), {}) for sort, fn in _PRIMITIVE_SORTS.items()}
-        self._refs: dict | None = None                # Term Value -> raw reference of its first Ref
+        self._text = {sort: _text_of(getattr(egraph, fn)) for sort, fn in _PRIMITIVE_SORTS.items()}
+        self._meta_text = _text_of(egraph.value_to_string)
+        self._meta_keys: dict[int, str | None] = {}   # e-class -> its meta key, decoded once
+        self._refs: dict | None = None                # e-class -> its first Ref (raw when for_inference)
+        self.call_parts: dict[int, tuple] = {}        # `Decoder.call_parts` memo: id(e-node) -> (e-node, parts)
+        self._ids: dict[str, dict] = {"Term": {}, "TList": {}}  # sort -> egglog Value -> e-class number
+        numbers = itertools.count()
+
+        def class_of(table: dict, value) -> int:
+            c = table.get(value)
+            if c is None:
+                c = table[value] = next(numbers)
+            return c
+        self._class_of = class_of
+
         skip = ()
         if for_inference:
-            self._refs = {}
+            terms, refs = self._ids["Term"], {}
+            raw_refs = {}
             for row in functions["Ref"].rows:
-                self._refs.setdefault(row.output, row.inputs[0])
-            metas = {row.inputs[0] for row in functions["meta"].rows}
-            skip = metas & self._refs.keys()  # Term Values of e-classes with a meta and a Ref
+                raw_refs.setdefault(row.output, row.inputs[0])
+            for value, k in raw_refs.items():
+                refs[class_of(terms, value)] = k
+            self._refs = refs
+            skip = {row.inputs[0] for row in functions["meta"].rows} & raw_refs.keys()  # a meta and a Ref
         for name, fn in functions.items():
             sorts = fn.input_sorts
             out_sort = fn.output_sort
@@ -63,68 +82,71 @@ class Snapshot:
                 if not (for_inference and name == "Ref"):
                     self._analysis_rows(name, fn, sorts, out_sort)
             elif out_sort in ("Term", "TList"):  # skips rule bookkeeping and the loader's Row* relations
-                classes = self.classes
+                rows = fn.rows
                 if skip and out_sort == "Term" and name not in VALUE_OPS:
-                    rows = [row for row in fn.rows if row.output not in skip]
-                else:
-                    rows = fn.rows
-                for row in rows:
-                    # children stay (sort, Value) pairs; primitives are decoded only when read
-                    node = ENode(name, tuple(zip(sorts, row.inputs)))
-                    key = (out_sort, row.output)
-                    bucket = classes.get(key)
-                    if bucket is None:
-                        classes[key] = [node]
-                    else:
-                        bucket.append(node)
+                    rows = [row for row in rows if row.output not in skip]
+                self._term_rows(name, rows, sorts, self._ids[out_sort])
+
+    def _term_rows(self, name: str, rows, sorts, out_ids: dict) -> None:
+        classes, class_of = self.classes, self._class_of
+        # per argument: the e-class table of its sort, or the decoder of its primitive sort
+        columns = [(self._ids.get(sort), self._text.get(sort)) for sort in sorts]
+        for row in rows:
+            children = tuple([class_of(ids, v) if ids is not None else text(v)
+                              for (ids, text), v in zip(columns, row.inputs)])
+            node = ENode(name, children)
+            cls = class_of(out_ids, row.output)
+            bucket = classes.get(cls)
+            if bucket is None:
+                classes[cls] = [node]
+            else:
+                bucket.append(node)
 
     def _analysis_rows(self, name, fn, sorts, out_sort) -> None:
+        class_of = self._class_of
         if name == "Ref":
-            to_int = self._decoders["i64"]
+            to_int, terms = self._text["i64"], self._ids["Term"]
             for row in fn.rows:
-                self.node_table[to_int(row.inputs[0])] = (out_sort, row.output)
+                self.node_table[int(to_int(row.inputs[0]))] = class_of(terms, row.output)
         elif name == "Pending":
+            a_ids, b_ids = self._ids[sorts[0]], self._ids[sorts[1]]
+            table = self.analysis["Pending"]
             for row in fn.rows:
                 a, b = row.inputs
-                self.analysis["Pending"].setdefault((sorts[0], a), []).append((sorts[1], b))
+                table.setdefault(class_of(a_ids, a), []).append(class_of(b_ids, b))
         elif name == "meta":
             # kept raw: most metas are never read, and decoding a string crosses into Rust
-            table = self.analysis["meta"]
+            table, ids = self.analysis["meta"], self._ids[sorts[0]]
             for row in fn.rows:
-                table[(sorts[0], row.inputs[0])] = row.output
+                table[class_of(ids, row.inputs[0])] = row.output
         # the other analyses (dtype, shape, rank, sizes, splat) are read only inside egglog
 
-    def ref_index(self, cls) -> int | None:
+    def ref_index(self, cls: int) -> int | None:
         """The reference number of a ``Ref`` of e-class ``cls``, or None if it has none."""
-        if cls[0] != "Term":
-            return None
         if self._refs is None:  # a full snapshot: node_table reversed on first use
             self._refs = {}
             for k, c in self.node_table.items():
-                self._refs.setdefault(c[1], k)
-        k = self._refs.get(cls[1])
+                self._refs.setdefault(c, k)
+        k = self._refs.get(cls)
         if k is None or isinstance(k, int):
             return k
-        return int(self._decoders["i64"](k))  # for_inference keeps them raw: few are read
+        return int(self._text["i64"](k))  # for_inference keeps them raw: few are read
 
-    def string(self, child) -> str | None:
-        """The Python value of a primitive child, as a string (op names, stream tags, numbers)."""
-        decode = self._decoders.get(child[0]) if isinstance(child, tuple) and child else None
-        return None if decode is None else str(decode(child[1]))
+    @staticmethod
+    def string(child) -> str | None:
+        """The text of a primitive child (op names, stream tags, numbers); None for an e-class."""
+        return child if isinstance(child, str) else None
 
-    def is_primitive(self, child) -> bool:
-        return isinstance(child, tuple) and bool(child) and child[0] in self._decoders
+    @staticmethod
+    def is_primitive(child) -> bool:
+        return isinstance(child, str)
 
-    def literal_text(self, child) -> str:
-        """egglog text of a primitive child."""
-        value = self._decoders[child[0]](child[1])
-        if isinstance(value, str):
-            return f'"{value}"'
-        return str(value)
-
-    def meta_key(self, cls) -> str | None:
-        raw = self.analysis["meta"].get(cls)
-        return None if raw is None else self._decoders["String"](raw)
+    def meta_key(self, cls: int) -> str | None:
+        key = self._meta_keys.get(cls, False)
+        if key is False:
+            raw = self.analysis["meta"].get(cls)
+            key = self._meta_keys[cls] = None if raw is None else self._meta_text(raw)
+        return key
 
     def pending(self) -> dict:
         return self.analysis["Pending"]

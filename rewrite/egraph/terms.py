@@ -91,8 +91,11 @@ def call_constructor(arity: int) -> str:
     return f"Call{arity}" if arity <= MAX_CALL_ARITY else "CallN"
 
 
+CALL_CONSTRUCTORS = frozenset([f"Call{k}" for k in range(MAX_CALL_ARITY + 1)] + ["CallN"])
+
+
 def is_call(op: str) -> bool:
-    return op == "CallN" or (op.startswith("Call") and op[4:].isdigit())
+    return op in CALL_CONSTRUCTORS
 
 
 def call_term(op_name: str, items: list[str], stream: str) -> str:
