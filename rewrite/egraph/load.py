@@ -85,8 +85,18 @@ def must_pin(node: Node) -> bool:
     if node.kind != "call":
         return False
     t = node.target
-    return (is_side_effect(node) or is_nondeterministic(t) or bool(node.waits) or is_mutable(t)
+    return (is_side_effect(node) or _pinned_target(t) or bool(node.waits)
             or (not isinstance(t, torch._ops.OpOverload) and bool(node.kwargs)))
+
+
+_pinned_targets: dict[int, tuple] = {}  # id(target) -> (target, nondeterministic or mutable); asked per node
+
+
+def _pinned_target(t) -> bool:
+    entry = _pinned_targets.get(id(t))
+    if entry is None or entry[0] is not t:
+        entry = _pinned_targets[id(t)] = (t, is_nondeterministic(t) or is_mutable(t))
+    return entry[1]
 
 
 class Loader:
@@ -100,9 +110,10 @@ class Loader:
         self._const_index: dict = {}
         self._canonical: dict[int, int] = {}   # node index -> index of the first equal node
         self._seen: dict[tuple, int] = {}
+        self._op_names: dict[int, tuple] = {}   # id(target) -> (target, its registered name)
 
     def row(self, relation: str, *cols) -> None:
-        self.rows.setdefault(relation, []).append("\t".join(str(c) for c in cols))
+        self.rows.setdefault(relation, []).append("\t".join(map(str, cols)))
 
     # -- values -------------------------------------------------------------------------------
     def ref(self, value) -> int:
@@ -211,7 +222,7 @@ class Loader:
         except (Unencodable, OpError) as e:
             log.debug("e-graph: node %s (%s) kept opaque: %s", node.name, node.op, e)
             return False
-        op = register_target(node.target)
+        op = self._op_name(node.target)
         stream = self.tables.stream(node.attrs.get("stream"))
         key = (op, tuple(refs), stream)
         first = self._seen.setdefault(key, k)
@@ -223,6 +234,13 @@ class Loader:
         else:
             self.row("RowCallN", k, op, self.list_ref(refs), stream)
         return True
+
+    def _op_name(self, target) -> str:
+        """`register_target` once per target of the graph (formatting a name per node showed)."""
+        entry = self._op_names.get(id(target))
+        if entry is None or entry[0] is not target:
+            entry = self._op_names[id(target)] = (target, register_target(target))
+        return entry[1]
 
     def pinned_rows(self, k: int, node: Node) -> None:
         self.row("RowPinned", k, k, self.list_ref([self.ref(d) for d in node.deps]))
@@ -294,6 +312,9 @@ def _sizes(value) -> str | None:
     """The list read as a shape (ints and SymInt nodes), for ``shape_is`` conditions."""
     if not value:
         return None
+    if all(type(v) is int for v in value):  # what shape_key spells, without sympy's printer
+        key = "[" + ",".join(map(str, value)) + "]"
+        return key if _safe(key) else None
     sizes = []
     for v in value:
         if isinstance(v, Node) and isinstance(v.meta, SymMeta) and v.meta.pytype is int:

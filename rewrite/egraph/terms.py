@@ -128,6 +128,7 @@ class Tables:
         self.streams: dict[str, object] = {}        # stream string -> original tag
         self.described: set[str] = set()            # meta keys whose dtype/shape/rank are set
         self._meta_texts: dict = {}
+        self._safe_meta_keys: dict[int, tuple] = {}  # id(meta) -> (meta, key) where key is the meta's text
 
     # -- strings that must be safe inside egglog string literals ------------------------------
     def safe_string(self, text: str, table: dict, value) -> str:
@@ -182,6 +183,11 @@ class Tables:
         """Canonical string of a meta (registered so it can be read back); None if no meta."""
         if meta is None:
             return None
+        # The loader asks once per node, and hashing a meta hashes its sympy shape: metas whose
+        # key is their own text (registered once, the same every time) are remembered by identity.
+        known = self._safe_meta_keys.get(id(meta))
+        if known is not None and known[0] is meta:
+            return known[1]
         try:
             text = self._meta_texts.get(meta)
         except TypeError:  # unhashable (a list of metas)
@@ -195,6 +201,8 @@ class Tables:
         if text is None:
             return None
         key = self.safe_string(text, self.metas, meta)
+        if key == text:
+            self._safe_meta_keys[id(meta)] = (meta, key)  # the meta is held: its id is not reused
         return key
 
 
