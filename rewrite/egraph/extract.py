@@ -46,8 +46,8 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     share: dict[str, int] = {}
     for cls, nodes in classes.items():
         for i, node in enumerate(nodes):
-            ch = tuple(dict.fromkeys(c for c in node.children if is_class(c)))
-            kids[(cls, i)] = ch
+            ch = [c for c in node.children if is_class(c)]
+            ch = kids[(cls, i)] = tuple(dict.fromkeys(ch)) if len(ch) > 1 else tuple(ch)
             for c in ch:
                 readers.setdefault(c, []).append((cls, i))
                 share[c] = share.get(c, 0) + 1
@@ -60,11 +60,14 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     counter = 0
     pinned_cost = dispatch_overhead()
 
+    signatures: dict = {}  # (op name, out meta key, in meta keys) -> a number: own_cache's keys stay cheap to hash
+
     def call_key(cls: str, i: int, node) -> tuple:
         key = calls.get((cls, i))
         if key is None:
             op_name, arg_classes, _ = dec.call_parts(node)
-            key = calls[(cls, i)] = (op_name, snap.meta_key(cls), tuple(snap.meta_key(c) for c in arg_classes))
+            parts = (op_name, snap.meta_key(cls), tuple(snap.meta_key(c) for c in arg_classes))
+            key = calls[(cls, i)] = (signatures.setdefault(parts, len(signatures)), *parts)
         return key
 
     def own(cls: str, i: int) -> tuple[float, int | None]:
@@ -74,8 +77,8 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
         folds = all(c in known for c in children)
         weights = sum(known[c] for c in children) if folds else 0
         if is_call(node.op):
-            op_name, out_key, in_keys = call_key(cls, i, node)
-            key = (op_name, out_key, in_keys, folds, weights)
+            signature, op_name, out_key, in_keys = call_key(cls, i, node)
+            key = (signature, folds, weights)
             if key not in own_cache:
                 metas = tables.metas
                 target, out = target_from_name(op_name), metas.get(out_key)
@@ -239,6 +242,8 @@ def _improve(choice: dict, nodes_of, kids: dict, readers: dict, own, known: dict
 
         switched = False
         for cls in sorted(live, key=index.__getitem__):
+            if len(nodes_of(cls)) == 1:
+                continue  # nothing to switch to
             best = _best_move(cls, choice, nodes_of, kids, readers, own, live, saved, fits)
             if best is None:
                 continue
