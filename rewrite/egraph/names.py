@@ -71,43 +71,44 @@ class Namer:
         self.snap = snap
         self.next = first
         self.rows: dict[str, list[str]] = {}
-        self._names: dict = {}    # e-class -> its number
-        self._depths: dict = {}   # e-class -> e-nodes spelled below it (None: cyclic)
+        self._names: dict[int, int] = {}    # e-class -> its number
+        self._depths: dict[int, object] = {}  # e-class -> e-nodes spelled below it (None: cyclic; OPEN: being walked)
 
-    def can_name(self, cls) -> bool:
+    def can_name(self, cls: int) -> bool:
         depth = self._depth(cls)
         return depth is not None and depth <= MAX_DEPTH
 
-    def set_meta(self, cls, key: str) -> None:
+    def set_meta(self, cls: int, key: str) -> None:
         self._row("NameMeta", self.name(cls), key)
 
-    def name(self, cls) -> int:
+    def name(self, cls: int) -> int:
         """The number of e-class ``cls`` (its rows, and those of what it is spelled with, once)."""
-        x = self._names.get(cls)
-        if x is not None:
-            return x
+        names = self._names
+        if cls in names:
+            return names[cls]
         stack = [cls]  # post-order without recursion: spellings may be 200 deep
         while stack:
             c = stack[-1]
-            if c in self._names:
+            if c in names:
                 stack.pop()
                 continue
             ref = self.snap.ref_index(c)
             if ref is not None:
-                self._names[c] = x = self._fresh()
+                names[c] = x = self._fresh()
                 self._row("NameRef", x, ref)
                 stack.pop()
                 continue
             node = self.snap.classes[c][0]
-            missing = [k for k in node.children if not self.snap.is_primitive(k) and k not in self._names]
+            missing = [k for k in _classes_in(node) if k not in names]
             if missing:
                 stack.extend(missing)
                 continue
             stack.pop()
-            cols = [self.snap.string(k) if self.snap.is_primitive(k) else self._names[k] for k in node.children]
-            self._names[c] = x = self._fresh()
+            # snapshot children: e-class numbers (int) or the text of primitives (str)
+            cols = [k if isinstance(k, str) else names[k] for k in node.children]
+            names[c] = x = self._fresh()
             self._row(f"Name{node.op}", x, *cols)
-        return self._names[cls]
+        return names[cls]
 
     def _fresh(self) -> int:
         self.next += 1
@@ -116,27 +117,36 @@ class Namer:
     def _row(self, relation: str, *cols) -> None:
         self.rows.setdefault(relation, []).append("\t".join(map(str, cols)))
 
-    def _depth(self, cls):
-        """How many e-nodes deep the spelling of ``cls`` goes (0: a Ref or a primitive names it)."""
-        if cls in self._depths:
-            return self._depths[cls]
+    def _depth(self, cls: int):
+        """How many e-nodes deep the spelling of ``cls`` goes (0: a Ref names it)."""
+        depths = self._depths
+        if cls in depths and depths[cls] is not _OPEN:
+            return depths[cls]
         stack = [cls]
         while stack:
             c = stack[-1]
-            if c in self._depths and self._depths[c] != "open":
+            state = depths.get(c)
+            if c in depths and state is not _OPEN:
                 stack.pop()
                 continue
-            if self.snap.is_primitive(c) or self.snap.ref_index(c) is not None:
-                self._depths[c] = 0
+            if self.snap.ref_index(c) is not None:
+                depths[c] = 0
                 stack.pop()
                 continue
-            children = [k for k in self.snap.classes[c][0].children if not self.snap.is_primitive(k)]
-            if c not in self._depths:
-                self._depths[c] = "open"
-                stack.extend(k for k in children if k not in self._depths)
+            children = _classes_in(self.snap.classes[c][0])
+            if state is None:
+                depths[c] = _OPEN
+                stack.extend(k for k in children if k not in depths)
                 continue
-            stack.pop()  # every child is done (or open: a cycle)
-            depths = [self._depths[k] for k in children]
-            self._depths[c] = (None if any(d is None or d == "open" for d in depths)
-                               else 1 + max(depths, default=0))
-        return self._depths[cls]
+            stack.pop()  # every child is done, or open: on the walk's path, a cycle
+            child_depths = [depths[k] for k in children]
+            depths[c] = (None if any(d is None or d is _OPEN for d in child_depths)
+                         else 1 + max(child_depths, default=0))
+        return depths[cls]
+
+
+_OPEN = object()
+
+
+def _classes_in(node) -> list[int]:
+    return [k for k in node.children if not isinstance(k, str)]

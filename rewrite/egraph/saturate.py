@@ -80,7 +80,7 @@ class Saturator:
         self.limits = limits
         self.symbols = symbols
         self._pending_seen = 0
-        self._failed_classes: set = set()
+        self._failed_classes: set = set()  # egglog Values of replacements whose meta is unknown
         self._meta_cache: dict = {}
         self._next_name = 0  # names (`Namer`) are never reused while the e-graph lives
 
@@ -127,25 +127,37 @@ class Saturator:
         if size == self._pending_seen:
             return False
         self._pending_seen = size
-        snap = Snapshot(self.egraph, for_inference=True)
+        frozen = self.egraph.freeze()
+        if self._unknown_replacements(frozen):
+            self._infer_replacements(Snapshot(self.egraph, for_inference=True, frozen=frozen), result)
+        before = egraph_size(self.egraph)
+        report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report
+        _count(result, report)
+        n = sum(report.num_matches_per_rule.values())
+        return bool(n) or egraph_size(self.egraph) != before
+
+    def _unknown_replacements(self, frozen) -> bool:
+        """Whether some pending replacement has no meta and has not failed inference before (most
+        rounds after the first add none, and a snapshot costs a pass over the e-graph)."""
+        known = {row.inputs[0] for row in frozen.functions["meta"].rows}
+        return any(row.inputs[1] not in known and row.inputs[1] not in self._failed_classes
+                   for row in frozen.functions["Pending"].rows)
+
+    def _infer_replacements(self, snap: Snapshot, result: SaturationResult) -> None:
+        """Infer and set the metas of pending replacements that have none."""
         found = _Inference(snap, Decoder(snap, self.tables), Namer(snap, self._next_name))
         for matched, replacements in snap.pending().items():
             for cls in replacements:
-                if snap.meta_key(cls) is None and cls not in self._failed_classes:
+                if snap.meta_key(cls) is None and snap.values[cls] not in self._failed_classes:
                     meta = self._infer(cls, found)
                     if meta is None:
-                        self._failed_classes.add(cls)
+                        self._failed_classes.add(snap.values[cls])
         self._next_name = found.namer.next
         if found.namer.rows:
             send_rows(self.egraph, found.namer.rows, "(run-schedule (saturate (run name)))")
         for i in range(0, len(found.commands), META_BATCH):
             _run(self.egraph, "".join(found.commands[i:i + META_BATCH]))
         result.metas_inferred += len(found.namer.rows.get("NameMeta", ()))
-        before = egraph_size(self.egraph)
-        report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report
-        _count(result, report)
-        n = sum(report.num_matches_per_rule.values())
-        return bool(n) or egraph_size(self.egraph) != before
 
     def _infer(self, cls, found: "_Inference", depth: int = 0):
         """Meta of e-class ``cls`` (inferring its arguments' metas first); None if unknown."""

@@ -12,7 +12,6 @@ through Python, and extraction hashes e-class names millions of times.
 """
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 from .terms import ANALYSES
@@ -41,12 +40,13 @@ class ENode(NamedTuple):
 
 
 class Snapshot:
-    def __init__(self, egraph, for_inference: bool = False):
+    def __init__(self, egraph, for_inference: bool = False, frozen=None):
         """``for_inference``: index only the e-nodes meta inference and naming read: those of
         e-classes without a meta or without a ``Ref`` (what rules created), literals and lists.
         The e-classes of the graph's own nodes (a meta and a ``Ref`` each) are skipped: after
-        the first rounds they are nearly all of the e-graph."""
-        functions = egraph.freeze().functions
+        the first rounds they are nearly all of the e-graph. ``frozen``: ``egraph.freeze()``
+        if the caller has it already."""
+        functions = (frozen or egraph.freeze()).functions
         self.classes: dict[int, list[ENode]] = {}
         self.node_table: dict[int, int] = {}         # reference index -> e-class (not for_inference)
         self.analysis: dict[str, dict] = {name: {} for name in ANALYSES}
@@ -56,12 +56,14 @@ class Snapshot:
         self._refs: dict | None = None                # e-class -> its first Ref (raw when for_inference)
         self.call_parts: dict[int, tuple] = {}        # `Decoder.call_parts` memo: id(e-node) -> (e-node, parts)
         self._ids: dict[str, dict] = {"Term": {}, "TList": {}}  # sort -> egglog Value -> e-class number
-        numbers = itertools.count()
+        self.values: list = []  # e-class number -> its egglog Value (what names it beyond this snapshot)
+        values = self.values
 
         def class_of(table: dict, value) -> int:
             c = table.get(value)
             if c is None:
-                c = table[value] = next(numbers)
+                c = table[value] = len(values)
+                values.append(value)
             return c
         self._class_of = class_of
 
