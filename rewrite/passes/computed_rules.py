@@ -93,10 +93,14 @@ def apply_computed_rules(graph: Graph, rulesets: list[RuleSet]) -> dict[str, int
     if not rules:
         return fired
     waited = graph.waited_on()
+    # by target identity (what the dict's lookup meant): hashing an OpOverload runs Python code
+    by_target = {id(t): (t, rs) for t, rs in rules.items()}
     for node in list(graph.nodes):
-        if node.kind != "call" or node.id in waited or node.target not in rules or node.graph is not graph:
+        entry = by_target.get(id(node.target))
+        if (node.kind != "call" or entry is None or entry[0] is not node.target or node.id in waited
+                or node.graph is not graph):
             continue
-        for r in rules[node.target]:
+        for r in entry[1]:
             binding: dict = {}
             stream = node.attrs.get("stream")
             if not match_node(r.lhs, node, binding, stream):

@@ -51,15 +51,14 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
     kept: list[Node] = []
     results: dict = {}  # _call_key -> the evaluated value (None: not foldable)
     for node in graph.nodes:
-        inputs = call_inputs(node) if node.kind == "call" or replaced else ()
-        if replaced and any(i.id in replaced for i in inputs):
+        if replaced and _reads(node, lambda n: n.id in replaced):
             node.args = map_nodes(node.args, swap)
             node.kwargs = map_nodes(node.kwargs, swap)
-            inputs = call_inputs(node)
         const = None
-        if node.kind == "call" and node.id not in waited:
-            if (all(i.kind == "constant" for i in inputs) and can_fold(node)
-                    and _fits(node, sum(numel(i.meta) for i in inputs if is_weight(i)), size_limit)):
+        # most nodes read a non-constant: that is found without listing their inputs
+        if node.kind == "call" and node.id not in waited and not _reads(node, _not_constant):
+            inputs = call_inputs(node)
+            if can_fold(node) and _fits(node, sum(numel(i.meta) for i in inputs if is_weight(i)), size_limit):
                 key = _call_key(node)
                 if key is None:
                     const = _constant_node(node, _evaluate(node))
@@ -75,6 +74,29 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
         kept.append(const)
     graph.nodes = kept
     return len(replaced)
+
+
+def _not_constant(n: Node) -> bool:
+    return n.kind != "constant"
+
+
+def _reads(node: Node, test) -> bool:
+    """Whether ``test`` holds for some node among ``node``'s arguments (nested ones included)."""
+    return _any_node(node.args, test) or (bool(node.kwargs) and _any_node(node.kwargs.values(), test))
+
+
+def _any_node(values, test) -> bool:
+    for a in values:
+        if isinstance(a, Node):
+            if test(a):
+                return True
+        elif isinstance(a, (list, tuple)):
+            if _any_node(a, test):
+                return True
+        elif isinstance(a, dict):
+            if _any_node(a.values(), test):
+                return True
+    return False
 
 
 def _fits(node: Node, weight_numel: int, size_limit: int) -> bool:
