@@ -18,7 +18,7 @@ from ..ops import OpError, split_args, target_from_name
 from .decode import VALUE_OPS, Decoder, literal_meta
 from .load import describe_commands, send_rows
 from .names import Namer
-from .snapshot import Snapshot
+from .snapshot import Snapshot, raw_metas
 from .terms import TERM_CONSTRUCTORS, Tables, is_call
 
 log = logging.getLogger("rewrite")
@@ -127,21 +127,21 @@ class Saturator:
         if size == self._pending_seen:
             return False
         self._pending_seen = size
-        frozen = self.egraph.freeze()
-        if self._unknown_replacements(frozen):
-            self._infer_replacements(Snapshot(self.egraph, for_inference=True, frozen=frozen), result)
+        functions = self.egraph.freeze().functions  # every table, converted: read it once
+        metas = raw_metas(functions)
+        if self._unknown_replacements(functions, metas):
+            self._infer_replacements(Snapshot(self.egraph, True, functions, metas), result)
         before = egraph_size(self.egraph)
         report = _run(self.egraph, "(run-schedule (saturate (run accept)))")[-1].report
         _count(result, report)
         n = sum(report.num_matches_per_rule.values())
         return bool(n) or egraph_size(self.egraph) != before
 
-    def _unknown_replacements(self, frozen) -> bool:
+    def _unknown_replacements(self, functions, metas: dict) -> bool:
         """Whether some pending replacement has no meta and has not failed inference before (most
         rounds after the first add none, and a snapshot costs a pass over the e-graph)."""
-        known = {row.inputs[0] for row in frozen.functions["meta"].rows}
-        return any(row.inputs[1] not in known and row.inputs[1] not in self._failed_classes
-                   for row in frozen.functions["Pending"].rows)
+        return any(row.inputs[1] not in metas and row.inputs[1] not in self._failed_classes
+                   for row in functions["Pending"].rows)
 
     def _infer_replacements(self, snap: Snapshot, result: SaturationResult) -> None:
         """Infer and set the metas of pending replacements that have none."""

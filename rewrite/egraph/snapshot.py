@@ -34,26 +34,37 @@ def _text_of(decode):
     return get
 
 
+def raw_metas(functions) -> dict:
+    """The ``meta`` function of a frozen e-graph: e-class Value -> its (undecoded) meta key."""
+    return {row.inputs[0]: row.output for row in functions["meta"].rows}
+
+
 class ENode(NamedTuple):
     op: str
     children: tuple  # e-class numbers (int), or the text of primitive arguments (str)
 
 
 class Snapshot:
-    def __init__(self, egraph, for_inference: bool = False, frozen=None):
+    def __init__(self, egraph, for_inference: bool = False, functions=None, metas: dict | None = None):
         """``for_inference``: index only the e-nodes meta inference and naming read: those of
         e-classes without a meta or without a ``Ref`` (what rules created), literals and lists.
         The e-classes of the graph's own nodes (a meta and a ``Ref`` each) are skipped: after
-        the first rounds they are nearly all of the e-graph. ``frozen``: ``egraph.freeze()``
-        if the caller has it already."""
-        functions = (frozen or egraph.freeze()).functions
+        the first rounds they are nearly all of the e-graph. ``functions``: ``egraph.freeze().functions``
+        (each ``.functions`` converts every table: ~30 ms for a 50,000-node graph), and ``metas``:
+        `raw_metas` of them, if the caller has them already."""
+        if functions is None:
+            functions = egraph.freeze().functions
         self.classes: dict[int, list[ENode]] = {}
         self.node_table: dict[int, int] = {}         # reference index -> e-class (not for_inference)
         self.analysis: dict[str, dict] = {name: {} for name in ANALYSES}
         self._text = {sort: _text_of(getattr(egraph, fn)) for sort, fn in _PRIMITIVE_SORTS.items()}
         self._meta_text = _text_of(egraph.value_to_string)
         self._meta_keys: dict[int, str | None] = {}   # e-class -> its meta key, decoded once
-        self._refs: dict | None = None                # e-class -> its first Ref (raw when for_inference)
+        self._refs: dict | None = None                # e-class -> its first Ref (full snapshots)
+        # for_inference: what the meta and Ref functions hold, by egglog Value; few are read, so
+        # they are not translated to e-class numbers
+        self._metas_by_value: dict | None = None
+        self._refs_by_value: dict | None = None
         self.call_parts: dict[int, tuple] = {}        # `Decoder.call_parts` memo: id(e-node) -> (e-node, parts)
         self._ids: dict[str, dict] = {"Term": {}, "TList": {}}  # sort -> egglog Value -> e-class number
         self.values: list = []  # e-class number -> its egglog Value (what names it beyond this snapshot)
@@ -69,19 +80,16 @@ class Snapshot:
 
         skip = ()
         if for_inference:
-            terms, refs = self._ids["Term"], {}
-            raw_refs = {}
+            refs = self._refs_by_value = {}
             for row in functions["Ref"].rows:
-                raw_refs.setdefault(row.output, row.inputs[0])
-            for value, k in raw_refs.items():
-                refs[class_of(terms, value)] = k
-            self._refs = refs
-            skip = {row.inputs[0] for row in functions["meta"].rows} & raw_refs.keys()  # a meta and a Ref
+                refs.setdefault(row.output, row.inputs[0])
+            self._metas_by_value = metas if metas is not None else raw_metas(functions)
+            skip = self._metas_by_value.keys() & refs.keys()  # a meta and a Ref: the graph's own nodes
         for name, fn in functions.items():
             sorts = fn.input_sorts
             out_sort = fn.output_sort
             if name in ANALYSES:
-                if not (for_inference and name == "Ref"):
+                if not (for_inference and name in ("Ref", "meta")):
                     self._analysis_rows(name, fn, sorts, out_sort)
             elif out_sort in ("Term", "TList"):  # skips rule bookkeeping and the loader's Row* relations
                 rows = fn.rows
@@ -125,14 +133,14 @@ class Snapshot:
 
     def ref_index(self, cls: int) -> int | None:
         """The reference number of a ``Ref`` of e-class ``cls``, or None if it has none."""
-        if self._refs is None:  # a full snapshot: node_table reversed on first use
+        if self._refs_by_value is not None:
+            k = self._refs_by_value.get(self.values[cls])
+            return None if k is None else int(self._text["i64"](k))
+        if self._refs is None:  # node_table reversed on first use
             self._refs = {}
             for k, c in self.node_table.items():
                 self._refs.setdefault(c, k)
-        k = self._refs.get(cls)
-        if k is None or isinstance(k, int):
-            return k
-        return int(self._text["i64"](k))  # for_inference keeps them raw: few are read
+        return self._refs.get(cls)
 
     @staticmethod
     def string(child) -> str | None:
@@ -146,7 +154,10 @@ class Snapshot:
     def meta_key(self, cls: int) -> str | None:
         key = self._meta_keys.get(cls, False)
         if key is False:
-            raw = self.analysis["meta"].get(cls)
+            if self._metas_by_value is not None:
+                raw = self._metas_by_value.get(self.values[cls])
+            else:
+                raw = self.analysis["meta"].get(cls)
             key = self._meta_keys[cls] = None if raw is None else self._meta_text(raw)
         return key
 
