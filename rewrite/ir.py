@@ -47,6 +47,7 @@ __all__ = [
     "target_name",
     "is_side_effect",
     "same_meta",
+    "reads_any",
 ]
 
 
@@ -206,6 +207,26 @@ def _gather_nodes(values, seen: set, out: list) -> None:
             _gather_nodes(a, seen, out)
         elif isinstance(a, dict):
             _gather_nodes(a.values(), seen, out)
+
+
+def reads_any(node: Node, test: Callable[[Node], bool]) -> bool:
+    """Whether ``test`` holds for some `Node` among ``node``'s arguments (nested ones included),
+    stopping at the first: a loop, like `Node.inputs`, for passes that ask it of every node."""
+    return _any_node(node.args, test) or (bool(node.kwargs) and _any_node(node.kwargs.values(), test))
+
+
+def _any_node(values, test) -> bool:
+    for a in values:
+        if isinstance(a, Node):
+            if test(a):
+                return True
+        elif isinstance(a, (list, tuple)):
+            if _any_node(a, test):
+                return True
+        elif isinstance(a, dict):
+            if _any_node(a.values(), test):
+                return True
+    return False
 
 
 _CONTAINERS = (tuple, list, dict)

@@ -19,7 +19,8 @@ import sympy
 import torch
 
 from ..cost import call_inputs, foldable_target, folds_at_compile_time, is_weight, numel
-from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value, same_meta
+from ..ir import (Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value, reads_any,
+                  same_meta)
 from ..ops import is_overload
 
 log = logging.getLogger("rewrite")
@@ -51,12 +52,12 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
     kept: list[Node] = []
     results: dict = {}  # _call_key -> the evaluated value (None: not foldable)
     for node in graph.nodes:
-        if replaced and _reads(node, lambda n: n.id in replaced):
+        if replaced and reads_any(node, lambda n: n.id in replaced):
             node.args = map_nodes(node.args, swap)
             node.kwargs = map_nodes(node.kwargs, swap)
         const = None
         # most nodes read a non-constant: that is found without listing their inputs
-        if node.kind == "call" and node.id not in waited and not _reads(node, _not_constant):
+        if node.kind == "call" and node.id not in waited and not reads_any(node, _not_constant):
             inputs = call_inputs(node)
             if can_fold(node) and _fits(node, sum(numel(i.meta) for i in inputs if is_weight(i)), size_limit):
                 key = _call_key(node)
@@ -78,25 +79,6 @@ def fold_constants(graph: Graph, size_limit: int) -> int:
 
 def _not_constant(n: Node) -> bool:
     return n.kind != "constant"
-
-
-def _reads(node: Node, test) -> bool:
-    """Whether ``test`` holds for some node among ``node``'s arguments (nested ones included)."""
-    return _any_node(node.args, test) or (bool(node.kwargs) and _any_node(node.kwargs.values(), test))
-
-
-def _any_node(values, test) -> bool:
-    for a in values:
-        if isinstance(a, Node):
-            if test(a):
-                return True
-        elif isinstance(a, (list, tuple)):
-            if _any_node(a, test):
-                return True
-        elif isinstance(a, dict):
-            if _any_node(a.values(), test):
-                return True
-    return False
 
 
 def _fits(node: Node, weight_numel: int, size_limit: int) -> bool:
