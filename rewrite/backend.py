@@ -5,8 +5,8 @@ Pipeline of one graph (see DESIGN.md):
     -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary) -> [post_grad_custom_post_pass]
     -> gears (one static graph per gear, re-optimized) -> build_executable (codegen / Inductor /
     stream scheduler; in reduce-overhead mode each gear gets an execution plan or a CUDA graph, see
-    rewrite.exec.program) -> a boxed callable that AOTAutograd and Dynamo run (reduce-overhead
-    inference graphs that need nothing of AOTAutograd's runtime wrapper skip it, see exec.direct).
+    rewrite.exec.program) -> a boxed callable that AOTAutograd and Dynamo run (inference graphs
+    that need nothing of AOTAutograd's runtime wrapper skip it in every mode, see exec.direct).
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class RewriteBackend:
             with self._lock:
                 return CompileUnit.for_aot_graph(number, kind, self.config, self.report, weights)
 
-        direct: dict = {}  # reduce-overhead: the inference graph called without AOTAutograd's wrapper
+        direct: dict = {}  # the inference graph called without AOTAutograd's wrapper, where it would do nothing
 
         def compile_fw(aot_gm, aot_inputs, kind):
             frozen = ()
@@ -106,8 +106,7 @@ class RewriteBackend:
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
                 compiled = self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec, aot_inputs)
             inner = getattr(compiled, "__rewrite_fn__", None)
-            if kind == "inference" and same_inputs and inner is not None \
-                    and self.config.mode in rexec.REDUCE_OVERHEAD_MODES:
+            if kind == "inference" and same_inputs and inner is not None:
                 direct["fn"] = rexec.direct_call(inner, example_inputs)
             return compiled
 

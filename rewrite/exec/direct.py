@@ -1,4 +1,4 @@
-"""reduce-overhead: call an inference graph without AOTAutograd's per-call runtime wrapper.
+"""Call an inference graph without AOTAutograd's per-call runtime wrapper.
 
 AOTAutograd puts every compiled graph behind a runtime wrapper that regenerates outputs aliasing
 inputs or intermediates, applies input mutations made outside the graph, bumps version counters
