@@ -4,7 +4,8 @@ Pipeline of one graph (see DESIGN.md):
     [post_grad_custom_pre_pass] -> from_fx -> stream scopes become node attributes -> freeze weights (optional)
     -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary) -> [post_grad_custom_post_pass]
     -> gears (one static graph per gear, re-optimized) -> build_executable (codegen / Inductor /
-    stream scheduler; in reduce-overhead mode each gear gets an execution plan or a CUDA graph, see
+    stream scheduler; in reduce-overhead mode each gear gets an execution plan or a CUDA graph, in the
+    default mode static CPU inference gears tier up to a plan after their first calls, see
     rewrite.exec.program) -> a boxed callable that AOTAutograd and Dynamo run (inference graphs
     that need nothing of AOTAutograd's runtime wrapper skip it in every mode, see exec.direct).
 """
@@ -163,8 +164,9 @@ class RewriteBackend:
         rep.ops_after = graph.op_counts()
         dump_graph(graph, unit, "after")
 
-        # reduce-overhead: the gears of this graph share one memory pool and one static-kernel build.
-        program = rexec.PlannedProgram(unit) if self.config.mode in rexec.REDUCE_OVERHEAD_MODES else None
+        # reduce-overhead (and the default mode's tier-up): the gears of this graph share one memory
+        # pool and one static-kernel build.
+        program = rexec.program_for(unit)
 
         def build_static(g: Graph):
             return rexec.build_executable(g, unit, program=program)

@@ -33,7 +33,7 @@ __all__ = [
     "canonical_call", "bind_arguments", "split_args", "strip_defaults", "schema_types", "schema_default",
     "NO_DEFAULT", "dtype_str", "shape_key", "splat_key", "constant_key",
     "FLOATS", "INTS", "SIGNED_INTS", "ALL_DTYPES",
-    "is_overload", "is_mutable", "is_nondeterministic", "is_pointwise", "returns_view", "family_table",
+    "is_overload", "is_mutable", "is_nondeterministic", "draws_random_numbers", "is_pointwise", "returns_view", "family_table",
 ]
 
 aten = torch.ops.aten
@@ -255,6 +255,19 @@ def is_mutable(target) -> bool:
 
 def is_nondeterministic(target) -> bool:
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def draws_random_numbers(target, args: tuple, kwargs: dict) -> bool:
+    """Whether this call advances a random generator: seeded-nondeterministic ops, except those
+    (attention) whose only randomness is a ``dropout_p`` argument that is 0."""
+    if not is_nondeterministic(target):
+        return False
+    params = target._schema.arguments
+    i = next((k for k, a in enumerate(params) if a.name == "dropout_p"), None)
+    if i is None:
+        return True
+    p = kwargs.get("dropout_p", args[i] if i < len(args) else params[i].default_value)
+    return not (isinstance(p, (int, float)) and p == 0)
 
 
 def is_pointwise(target) -> bool:

@@ -1,10 +1,14 @@
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The default mode's tier-up keeps static kernels (and their signing key) under $XDG_CACHE_HOME:
+# the test session gets its own, so tests neither read nor fill the user's cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rewrite-tests-cache-")
 
 
 @pytest.fixture(autouse=True)

@@ -46,8 +46,8 @@ def _programs(monkeypatch) -> list:
     made = []
     original = PlannedProgram.__init__
 
-    def init(self, unit):
-        original(self, unit)
+    def init(self, unit, *args, **kwargs):
+        original(self, unit, *args, **kwargs)
         made.append(self)
 
     monkeypatch.setattr(PlannedProgram, "__init__", init)

@@ -25,13 +25,13 @@ from ..ir import Graph
 from ..unit import CompileUnit, as_unit
 from .codegen import compile_graph_to_python
 from .direct import direct_call
-from .program import REDUCE_OVERHEAD_MODES, PlannedProgram, device_of
+from .program import REDUCE_OVERHEAD_MODES, PlannedProgram, device_of, program_for
 from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
 
 log = logging.getLogger("rewrite")
 
 __all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for", "PlannedProgram",
-           "REDUCE_OVERHEAD_MODES", "direct_call"]
+           "REDUCE_OVERHEAD_MODES", "direct_call", "program_for"]
 
 DYNAMIC_MULTI_STREAM_ENV = "REWRITE_DYNAMIC_SHAPE_MULTI_STREAM"
 
@@ -103,7 +103,8 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
 
     ``unit`` is the `CompileUnit` the graph belongs to; a graph built on its own passes a
     ``CompilerConfig`` instead (with the report, if any, that collects its notes). ``program``: the
-    compiled function's `PlannedProgram` in reduce-overhead mode (static graphs then get a plan).
+    compiled function's `PlannedProgram` (`program_for`): in reduce-overhead mode static graphs get a
+    plan, in the default mode static CPU graphs tier up to one after their first calls.
     """
     unit = as_unit(unit, graph.name, report)
     config, report = unit.config, unit.report

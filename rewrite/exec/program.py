@@ -1,4 +1,4 @@
-"""reduce-overhead mode: what the gears of one compiled function share, and how each gets its plan.
+"""Execution plans: what the gears of one compiled function share, and how each gets its plan.
 
 One `PlannedProgram` per compiled graph (Dynamo graph x AOT kind) holds what all its gears share:
 on CPU the `ArenaPool` every gear's plan draws from and the static kernels when they are switched
@@ -16,14 +16,25 @@ hands it each static graph (each gear) with the callable it built (`executable`)
 A graph whose run cannot be observed at compile time (an op that refuses zeros, say) is planned at
 its first call, on the caller's inputs. A graph that cannot be planned (it writes to an
 intermediate) runs its plain code; the report says so.
+
+The default mode tiers up instead (`program_for`, ``config.exec.tier_up_calls``): a static CPU graph
+runs its ATen code for its first calls, so a graph called once or twice never pays for a C
+compile, and the call after them plans it on that call's inputs and builds its static kernels
+(into ``$XDG_CACHE_HOME/rewrite/kernels`` unless the build dir is configured), as reduce-overhead
+does at compile time. Whatever stands in the way (no C compiler, an unwritable cache folder,
+several processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
+ATen code, with a note, never an error. Graphs that draw random numbers stay on their ATen code:
+the observed run would advance the generator.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import torch
 
+from .. import ops
 from ..ir import Graph, TensorMeta, iter_metas
 from ..unit import CompileUnit
 from .memory import ArenaPool
@@ -33,7 +44,7 @@ from .planned import PlannedExecutable
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["PlannedProgram", "REDUCE_OVERHEAD_MODES", "device_of"]
+__all__ = ["PlannedProgram", "REDUCE_OVERHEAD_MODES", "device_of", "program_for", "tier_up_build_dir"]
 
 REDUCE_OVERHEAD_MODES = ("reduce-overhead", "npugraph_ex")
 
@@ -47,51 +58,90 @@ def device_of(graph: Graph) -> torch.device:
     return torch.device("cpu")
 
 
-class _Gear:
-    """One static graph's callable on CPU; its executable is made once kernels are bound (or on first call)."""
+def program_for(unit: CompileUnit) -> "PlannedProgram | None":
+    """The `PlannedProgram` of one compiled function: reduce-overhead plans every static graph, the
+    default mode tiers static CPU inference graphs up (``config.exec.tier_up_calls``); None: neither applies."""
+    config = unit.config
+    if config.mode in REDUCE_OVERHEAD_MODES:
+        return PlannedProgram(unit)
+    # Inference graphs only: training graphs hand saved activations to their backward graph, a
+    # pattern the plans have had far less use with; they keep their ATen code in the default mode.
+    if config.exec.tier_up_calls and config.exec.kernels == "aten" and unit.kind == "inference":
+        return PlannedProgram(unit, tier_up_calls=config.exec.tier_up_calls)
+    return None
 
-    def __init__(self, program: "PlannedProgram", graph: Graph, fallback):
+
+def tier_up_build_dir() -> str:
+    """Where tiered-up graphs keep their static kernels: the per-user cache, beside the signing key."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "rewrite", "kernels")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+class _Gear:
+    """One static graph's callable on CPU; its executable is made once kernels are bound (or on first call).
+
+    ``cold_calls``: calls that run the plain code before the gear is planned (the default mode's tier-up).
+    """
+
+    def __init__(self, program: "PlannedProgram", graph: Graph, fallback, cold_calls: int = 0):
         self.program = program
         self.graph = graph
         self.fallback = fallback
         self.plan = None
         self.run = None  # the executable, once made
-        self._lock = threading.Lock()
+        self.cold_calls = cold_calls
 
     def __call__(self, *args):
         run = self.run
-        if run is None:
-            return self._first_call(args)
-        return run(*args)
+        if run is not None:
+            return run(*args)
+        if self.cold_calls > 0:
+            self.cold_calls -= 1  # not atomic: concurrent callers may run a few more cold calls, never fewer
+            return self.fallback(*args)
+        return self._first_call(args)
 
     def _first_call(self, args):
-        with self._lock:
+        with self.program.lock:  # gears of one function share their kernels' build
             if self.run is None:
-                if self.plan is None:  # could not observe at compile time: observe this call's inputs,
-                    mutated = set(mutated_inputs(self.graph))  # copies of those the graph writes to
-                    self.program.observe(self, [a.clone() if k in mutated else a for k, a in enumerate(args)])
-                self.program.materialize([self])
+                if self.program.tiered:
+                    self.program.tier_up(self, args)
+                else:
+                    self._plan_on(args)
+                    self.program.materialize([self])
         return self.run(*args)
+
+    def _plan_on(self, args) -> None:
+        if self.plan is None:  # not observed at compile time: observe this call's inputs,
+            mutated = set(mutated_inputs(self.graph))  # copies of those the graph writes to
+            self.program.observe(self, [a.clone() if k in mutated else a for k, a in enumerate(args)])
 
 
 class PlannedProgram:
-    """The shared state of one compiled function's gears in reduce-overhead mode."""
+    """The shared state of one compiled function's gears in reduce-overhead mode, or in the default
+    mode once they tier up (``tier_up_calls`` > 0: that many plain calls first)."""
 
-    def __init__(self, unit: CompileUnit):
+    def __init__(self, unit: CompileUnit, tier_up_calls: int = 0):
         self.unit = unit
         self.config = unit.config
         self.pool = ArenaPool("cpu")
         self.gears: list[_Gear] = []
         self.kernels = None  # rewrite.kernels.StaticKernels, made on the first CPU gear
         self.cuda = None  # cuda_graphs.CudaGraphs, made on the first CUDA gear
-        self.static_kernels = bool(self.config.experimental_config.aclgraph._aclnn_static_shape_kernel)
+        self.tier_up_calls = tier_up_calls
+        self.tiered = tier_up_calls > 0
+        self.static_kernels = self.tiered or bool(self.config.experimental_config.aclgraph._aclnn_static_shape_kernel)
+        self.lock = threading.Lock()
 
     def wants_inductor(self, graph: Graph) -> bool:
         """CUDA static kernels are Inductor's Triton kernels, compiled per gear with its sizes."""
-        return self.static_kernels and device_of(graph).type == "cuda"
+        return self.static_kernels and not self.tiered and device_of(graph).type == "cuda"
 
     def executable(self, graph: Graph, fn, plannable: bool):
         """The callable of static graph ``graph`` (one gear), given the callable ``fn`` built for it."""
+        if self.tiered:
+            return self._tiered(graph, fn, plannable)
         device = device_of(graph)
         if device.type == "cuda":
             return self._cuda_graphs(device).wrap(graph, fn)
@@ -113,6 +163,30 @@ class PlannedProgram:
         self.gears.append(gear)
         return gear
 
+    def _tiered(self, graph: Graph, fn, plannable: bool):
+        if device_of(graph).type != "cpu" or not plannable or not graph.is_static():
+            return fn
+        why = unplannable(graph) or next((f"%{n.name} ({n.op}) draws random numbers" for n in graph.nodes
+                                          if n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs)),
+                                         None)
+        if why is not None:
+            log.debug("graph %s does not tier up: %s", graph.name, why)
+            return fn
+        gear = _Gear(self, graph, fn, cold_calls=self.tier_up_calls)
+        self.gears.append(gear)
+        return gear
+
+    def tier_up(self, gear: _Gear, args) -> None:
+        """Plan ``gear`` on this call's inputs and build its static kernels; on failure it keeps its ATen code."""
+        try:
+            gear._plan_on(args)
+            self.materialize([gear])
+            self._note(f"graph {gear.graph.name} tiered up after {self.tier_up_calls} calls: planned memory, "
+                       f"{sum(p.kind == 'native' for p in gear.plan.nodes.values())} ops on static kernels")
+        except Exception as e:  # noqa: BLE001 - the plain code is always correct; say why it stays
+            self._note(f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})")
+            gear.run = gear.fallback
+
     def _cuda_graphs(self, device: torch.device):
         if self.cuda is None:
             from .cuda_graphs import CudaGraphs
@@ -122,9 +196,18 @@ class PlannedProgram:
 
     def _static_kernels(self):
         if self.kernels is None and self.static_kernels:
-            from ..kernels import StaticKernels
+            from ..kernels import StaticKernelError, StaticKernels
 
-            self.kernels = StaticKernels(self.config, self.unit)
+            if not self.tiered:
+                self.kernels = StaticKernels(self.config, self.unit)
+                return self.kernels
+            try:
+                configured = self.config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir
+                self.kernels = StaticKernels(self.config, self.unit, configured or tier_up_build_dir(),
+                                             records=False)
+            except (StaticKernelError, OSError) as e:
+                self.static_kernels = False  # plan memory only
+                self._note(f"tier-up without static kernels: {e}")
         return self.kernels
 
     def observe(self, gear: _Gear, inputs: list) -> None:
