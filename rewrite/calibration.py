@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from .utils import atomic_write_text
+from .utils import THREAD_COUNT_LOCK, atomic_write_text
 
 log = logging.getLogger("rewrite")
 
@@ -202,6 +202,11 @@ def _family_points(quick: bool):
 
 def measure(quick: bool = False) -> Calibration:
     """Run the micro-benchmark (about a second; ``quick``: a few hundredths, for tests)."""
+    with THREAD_COUNT_LOCK:  # one-thread timings below; no other rewrite path changes the count meanwhile
+        return _measure(quick)
+
+
+def _measure(quick: bool) -> Calibration:
     budget = 0.002 if quick else 0.03
     rounds = 5 if quick else 25
     aten = torch.ops.aten

@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
-__all__ = ["atomic_write_text", "atomic_write_bytes"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "THREAD_COUNT_LOCK"]
+
+# Held by every rewrite code path that changes torch's intra-op thread count and puts it back
+# (calibration, stream workers). torch.set_num_threads in any thread also sets the count threads
+# started later begin with; without the lock, one path could read another's temporary count as
+# the one to put back, and every thread started afterwards would keep it (Dynamo, which guards
+# on the count, then recompiles every function such a thread calls).
+THREAD_COUNT_LOCK = threading.Lock()
 
 
 def atomic_write_bytes(path: str, data: bytes, *, durable: bool = True) -> None:

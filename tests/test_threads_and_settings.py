@@ -111,6 +111,31 @@ def test_warm_model_called_from_8_threads_x_200_calls_matches_eager(kind):
     assert not failures, failures[:3]
 
 
+def _new_thread_count() -> int:
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one intra-op thread: the streams' share is the default")
+def test_concurrent_multi_stream_calls_leave_torch_thread_count_for_new_threads():
+    """Each stream (the caller's thread included) runs on its share of the intra-op threads while a
+    call lasts. torch.set_num_threads also sets the count new threads start with, so after the calls
+    new threads must start with torch's count again: a thread that starts with a share keeps it,
+    and Dynamo, which guards on the count, recompiles every compiled function it calls."""
+    default = torch.get_num_threads()
+    assert _new_thread_count() == default
+    for round_ in range(3):
+        model, compiled = _compiled("streams", seed=round_)
+        failures: list = []
+        _run_threads(lambda i: _check_calls(model, compiled, _inputs("streams", 30), failures))
+        assert not failures, failures[:3]
+        assert torch.get_num_threads() == default
+        assert _new_thread_count() == default, f"round {round_}"
+
+
 def test_compile_on_another_thread_than_the_first_engine():
     """An engine made on one thread is never used (or dropped) on another."""
     _compiled("plain", seed=0)

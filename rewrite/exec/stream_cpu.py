@@ -1,11 +1,13 @@
 """CPU multi-stream executor: one generated Python function per stream, side streams on worker threads.
 
 The default stream is the caller's thread; each other stream runs on a worker leased from
-`workers.pool` for the call. Every stream thread, the caller's included for the duration of the
-call, gets its share of torch's intra-op threads (``torch.get_num_threads() // streams`` unless
-``config.exec.stream_intra_op_threads`` says otherwise): measured on 2 cores, two chains of
-128x128 matmuls ran 2.6x faster with one intra-op thread per stream than on one stream, and
-1.1x slower when both streams kept 2 intra-op threads (the cores were oversubscribed). Code is generated per stream (like `codegen`, straight-line calls of
+`workers.pool` for the call. Each worker runs on its share of torch's intra-op threads
+(``torch.get_num_threads() // streams`` unless ``config.exec.stream_intra_op_threads`` says
+otherwise), set once when the worker starts. The caller's thread keeps its own count:
+``torch.set_num_threads`` also sets the count every thread started later begins with, so setting
+it per call in the caller made threads started during a call keep the share for good, and
+Dynamo, which guards on the count, recompiled every function those threads called. Code is
+generated per stream (like `codegen`, straight-line calls of
 ATen kernels), with synchronisation only where the `StreamPlan` asks for it:
 
 * a value read by another stream is stored in a per-call slot list ``X`` and announced by setting
@@ -172,15 +174,11 @@ class _StreamEmitter:
             f"F = _Frame({self.num_events}, {len(side_names)}, _timeout, {plan.graph.name!r})",
             f"X = [None] * {len(self.slot)}",
             f"_launch(F, X, {inputs})",
-            "P = _share_threads()",
             "try:",
-            "    try:",
-            *[f"        {ln}" for ln in body],
-            "    except BaseException as exc:",
-            "        F.fail(exc)",
-            "    F.join()",
-            "finally:",
-            "    _restore_threads(P)",
+            *[f"    {ln}" for ln in body],
+            "except BaseException as exc:",
+            "    F.fail(exc)",
+            "F.join()",
             "return R",
         ]
         return f"def {fname}({', '.join(self.params)}):\n" + "".join(f"    {ln}\n" for ln in lines)
@@ -200,19 +198,9 @@ def compile_cpu_streams(plan: StreamPlan, timeout: float, intra_op_threads: int,
     glb = se.em.globals
     glb.update(_Frame=_Frame, _timeout=float(timeout))
 
-    def share_threads() -> int:
-        # The caller's thread is the default stream: during the call it gets its share of the
-        # intra-op threads like every worker, so the streams do not oversubscribe the cores.
-        previous = torch.get_num_threads()
-        if previous != intra_op_threads:
-            torch.set_num_threads(intra_op_threads)
-        return previous
-
-    def restore_threads(previous: int) -> None:
-        if previous != intra_op_threads:
-            torch.set_num_threads(previous)
-
-    glb.update(_share_threads=share_threads, _restore_threads=restore_threads)
+    # What new workers put back as the count threads start with: this thread's count now, not one
+    # read during a call, which another stream call could have changed for the moment.
+    default_threads = torch.get_num_threads()
     _counter[0] += 1
     filename = f"<rewrite-streams-{_counter[0]}-{base}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
@@ -220,7 +208,7 @@ def compile_cpu_streams(plan: StreamPlan, timeout: float, intra_op_threads: int,
     side_fns = [glb[name] for _, name in side]
 
     def launch(frame: _Frame, slots: list, inputs: tuple) -> None:
-        workers = pool.lease(len(side_fns))
+        workers = pool.lease(len(side_fns), default_threads)
         for w, fn in zip(workers, side_fns):
             w.submit(_run_side_stream, (fn, frame, slots, inputs), frame.worker_done, intra_op_threads)
 

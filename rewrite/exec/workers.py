@@ -20,6 +20,8 @@ import threading
 
 import torch
 
+from ..utils import THREAD_COUNT_LOCK
+
 log = logging.getLogger("rewrite")
 
 __all__ = ["WorkerPool", "pool", "shutdown"]
@@ -62,12 +64,13 @@ class _Worker:
 
 def _set_thread_local_intra_op_threads(n: int, global_default: int) -> None:
     """Give the current thread ``n`` intra-op threads without changing torch's global default."""
-    torch.set_num_threads(n)
-    # set_num_threads also changed the default new threads start with: restore it from a
-    # helper thread, whose own thread-local setting does not matter.
-    restore = threading.Thread(target=torch.set_num_threads, args=(global_default,), daemon=True)
-    restore.start()
-    restore.join()
+    with THREAD_COUNT_LOCK:
+        torch.set_num_threads(n)
+        # set_num_threads also changed the default new threads start with: restore it from a
+        # helper thread, whose own thread-local setting does not matter.
+        restore = threading.Thread(target=torch.set_num_threads, args=(global_default,), daemon=True)
+        restore.start()
+        restore.join()
 
 
 class WorkerPool:
@@ -76,16 +79,17 @@ class WorkerPool:
         self._idle: list[_Worker] = []
         self._workers: list[_Worker] = []
 
-    def lease(self, n: int) -> list:
+    def lease(self, n: int, default_threads: int) -> list:
         """``n`` workers for the caller's exclusive use until each finishes its task.
 
-        Called before the caller changes its own thread count: its count is torch's default,
-        which new workers put back after setting their own.
+        ``default_threads``: torch's thread count, which new workers put back after setting their
+        own. The caller passes what it knows (not a count read now, which another call running
+        at the same time may have changed for the moment).
         """
         with self._lock:
             got = [self._idle.pop() for _ in range(min(n, len(self._idle)))]
         while len(got) < n:
-            w = _Worker(self, torch.get_num_threads())
+            w = _Worker(self, default_threads)
             with self._lock:
                 self._workers.append(w)
             log.debug("started stream worker %s (%d in pool)", w.thread.name, len(self._workers))
