@@ -198,6 +198,7 @@ def _freeze(graph: Graph, frozen: dict) -> None:
         return
     placeholders = graph.placeholders
     written = _mutated_nodes(graph)
+    constants = {}
     for index, tensor in frozen.items():
         p = placeholders[index]
         if p.id in written:
@@ -207,7 +208,8 @@ def _freeze(graph: Graph, frozen: dict) -> None:
             value = tensor.detach()
         const = graph.constant(value, p.meta, before=graph.nodes[len(placeholders)])
         const.attrs["weight_name"] = p.name
-        graph.replace_all_uses(p, const)
+        constants[p.id] = const
+    graph.replace_uses(constants)
 
 
 def _mutated_nodes(graph: Graph) -> set[int]:

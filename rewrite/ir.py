@@ -381,14 +381,21 @@ class Graph:
         """Make every reader of ``old`` read ``new`` (a Node or a Python value) instead.
 
         A node that waited for ``old`` waits for ``new`` when it is a node (a value has no time)."""
-        swap = lambda n: new if n is old else n  # noqa: E731
+        self.replace_uses({old.id: new})
+
+    def replace_uses(self, replacements: dict) -> None:
+        """`replace_all_uses` for many nodes in one walk: ``replacements`` maps the id of a node to
+        the node or value its readers read instead (201 frozen weights of BERT-base: one walk, not 201)."""
+        swap = lambda n: replacements[n.id] if n.id in replacements else n  # noqa: E731
         for n in self.nodes:
-            if n is old:
-                continue
+            if n.id in replacements or not any(d.id in replacements for d in n.deps):
+                continue  # only readers are rebuilt
             n.args = map_nodes(n.args, swap)
             n.kwargs = map_nodes(n.kwargs, swap)
-            if n.waits and old in n.waits:
-                n.waits = tuple(w for w in n.waits if w is not old) + ((new,) if isinstance(new, Node) else ())
+            if any(w.id in replacements for w in n.waits):
+                kept = tuple(w for w in n.waits if w.id not in replacements)
+                n.waits = kept + tuple(r for w in n.waits if w.id in replacements
+                                       and isinstance(r := replacements[w.id], Node))
 
     def waited_on(self) -> set[int]:
         """Ids of the nodes some node waits for (their timing is observable: keep them as they are)."""

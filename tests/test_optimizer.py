@@ -77,6 +77,26 @@ def test_dedup_merges_constants_by_content_and_keeps_signed_zeros_apart():
     assert sum(1 for n in g.nodes if n.kind == "constant") == 3
 
 
+def test_dedup_compares_large_constants_by_all_their_bytes():
+    """Large constants are grouped by their ends first: equal ends must not merge different middles,
+    and a non-contiguous copy of a weight is still the same constant."""
+    w = torch.randn(64, 64)
+    middle = w.clone()
+    middle[31, 7] += 1.0
+    signed = w.clone()
+    signed[20, 20] = -0.0
+    w[20, 20] = 0.0
+    g = Graph("dedup_large")
+    x = g.placeholder("x", meta(64))
+    consts = [g.constant(v) for v in (w, w.clone(), w.t().contiguous().t(), middle, signed)]
+    outs = [g.call(aten.mv.default, (k, x), meta=meta(64)) for k in consts]
+    g.set_output(tuple(outs))
+    assert dedup_constants(g) == 2  # the clone and the transposed copy; the other two differ in one element
+    kept = [n for n in g.nodes if n.kind == "constant"]
+    assert len(kept) == 3 and kept[0] is consts[0]
+    assert [o.args[0] for o in outs] == [consts[0], consts[0], consts[0], consts[3], consts[4]]
+
+
 def _branch(op, name):
     b = Graph(name)
     p = b.placeholder("arg", meta(4))

@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..cost import is_weight
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect
-from ..ops import (OpError, canonical_call, constant_key, dtype_str, is_mutable, is_nondeterministic,
+from ..ops import (ContentIndex, OpError, canonical_call, dtype_str, is_mutable, is_nondeterministic,
                    register_target, shape_key, splat_key)
 from ..utils import atomic_write_text
 from .terms import MAX_CALL_ARITY, Tables, Unencodable, float_key
@@ -107,7 +107,7 @@ class Loader:
         self.next_ref = n_nodes          # references 0..n-1 are the IR nodes themselves
         self.next_list = 0
         self._literal_refs: dict[tuple, int] = {}
-        self._const_index: dict = {}
+        self._const_index = ContentIndex()
         self._canonical: dict[int, int] = {}   # node index -> index of the first equal node
         self._seen: dict[tuple, int] = {}
         self._op_names: dict[int, tuple] = {}   # id(target) -> (target, its registered name)
@@ -197,12 +197,9 @@ class Loader:
             except Unencodable:
                 self.row("RowOpaque", k, self.tables.opaque_index(value))
             return
-        key = constant_key(value)
-        idx = self._const_index.get(key)
-        if idx is None:
-            idx = len(self.tables.constants)
+        idx = self._const_index.setdefault(value, len(self.tables.constants))
+        if idx == len(self.tables.constants):
             self.tables.constants.append(value)
-            self._const_index[key] = idx
         if is_weight(node):
             self.tables.weights.add(idx)
         if value.dim() == 0:
