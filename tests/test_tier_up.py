@@ -12,6 +12,8 @@ import rewrite
 from rewrite import models
 from rewrite.kernels import compiler
 from rewrite.exec.program import PlannedProgram
+from rewrite.ir import Graph, meta_of_value
+from rewrite.unit import CompileUnit
 
 ATOL, RTOL = 5e-5, 1e-4
 
@@ -75,7 +77,12 @@ def test_default_mode_tiers_up_after_the_configured_calls_and_results_stay_right
 def test_tier_up_calls_zero_keeps_the_aten_code(monkeypatch):
     made = []
     original = PlannedProgram.__init__
-    monkeypatch.setattr(PlannedProgram, "__init__", lambda self, *a, **k: (made.append(self), original(self, *a, **k)))
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(PlannedProgram, "__init__", init)
     model = _Block().eval()
     compiled, backend = _compile(model, calls=0)
     x = torch.randn(4, 32)
@@ -219,6 +226,24 @@ def test_in_place_input_updates_survive_the_tier_up():
     for _ in range(5):
         torch.testing.assert_close(compiled(x, y), bump(x_eager, y))
         torch.testing.assert_close(x, x_eager)  # each call added exactly once, the observed run included
+    assert _tiered(backend), _notes(backend)
+
+
+def test_graphs_with_effects_outside_them_do_not_tier_up():
+    """Planning runs the graph once more: a side effect would happen twice, a collective once more
+    than on the other ranks. Writes to the graph's inputs are fine (the observed run writes copies)."""
+    def graph(effect: bool):
+        g = Graph("g")
+        x = g.placeholder("x", meta_of_value(torch.zeros(4)))
+        y = g.call(torch.ops.aten.mul.Tensor, (x, 2.0), meta=meta_of_value(torch.zeros(4)),
+                   attrs={"side_effect": True} if effect else None)
+        g.set_output((y,))
+        return g
+
+    program = PlannedProgram(CompileUnit.detached("g", rewrite.CompilerConfig()), tier_up_calls=1)
+    plain = lambda x: (x * 2,)  # noqa: E731
+    assert program.executable(graph(effect=True), plain, plannable=True) is plain
+    assert program.executable(graph(effect=False), plain, plannable=True) is not plain
 
 
 def test_gpt2_tiers_up_and_matches_eager():
@@ -245,3 +270,17 @@ def test_training_graphs_keep_their_aten_code():
         for g, w in zip(got, (p.grad for p in model.parameters())):
             torch.testing.assert_close(g, w, atol=ATOL, rtol=RTOL)
     assert not _tiered(backend)
+
+
+def test_loaded_exports_tier_up(tmp_path):
+    model = _Block().eval()
+    x = torch.randn(4, 32)
+    rewrite.dynamo_export(x, model=model, export_path=str(tmp_path / "export"), dynamic=False)
+    config = rewrite.CompilerConfig()
+    config.exec.tier_up_calls = 2
+    runner = rewrite.load(str(tmp_path / "export"), config=config)
+    with torch.no_grad():
+        for _ in range(4):
+            y = torch.randn(4, 32)
+            torch.testing.assert_close(runner(y), model(y), atol=ATOL, rtol=RTOL)
+    assert any("tiered up after 2 calls" in n for n in runner.report.notes), runner.report.notes

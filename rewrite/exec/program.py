@@ -23,8 +23,8 @@ compile, and the call after them plans it on that call's inputs and builds its s
 (into ``$XDG_CACHE_HOME/rewrite/kernels`` unless the build dir is configured), as reduce-overhead
 does at compile time. Whatever stands in the way (no C compiler, an unwritable cache folder,
 several processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
-ATen code, with a note, never an error. Graphs that draw random numbers stay on their ATen code:
-the observed run would advance the generator.
+ATen code, with a note, never an error. Graphs whose extra observed run would show outside them
+(random draws, collectives, side effects) stay on their ATen code.
 """
 from __future__ import annotations
 
@@ -35,16 +35,17 @@ import threading
 import torch
 
 from .. import ops
-from ..ir import Graph, TensorMeta, iter_metas
+from ..ir import Graph, Node, TensorMeta, is_side_effect, iter_metas
 from ..unit import CompileUnit
 from .memory import ArenaPool
 from .observe import observe, synthesize_inputs
-from .plan import describe, make_plan, mutated_inputs, unplannable
+from .plan import describe, make_plan, mutated_inputs, unplannable, written_args
 from .planned import PlannedExecutable
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["PlannedProgram", "REDUCE_OVERHEAD_MODES", "device_of", "program_for", "tier_up_build_dir"]
+__all__ = ["PlannedProgram", "REDUCE_OVERHEAD_MODES", "device_of", "program_for", "tier_up_program",
+           "tier_up_build_dir"]
 
 REDUCE_OVERHEAD_MODES = ("reduce-overhead", "npugraph_ex")
 
@@ -61,9 +62,15 @@ def device_of(graph: Graph) -> torch.device:
 def program_for(unit: CompileUnit) -> "PlannedProgram | None":
     """The `PlannedProgram` of one compiled function: reduce-overhead plans every static graph, the
     default mode tiers static CPU inference graphs up (``config.exec.tier_up_calls``); None: neither applies."""
-    config = unit.config
-    if config.mode in REDUCE_OVERHEAD_MODES:
+    if unit.config.mode in REDUCE_OVERHEAD_MODES:
         return PlannedProgram(unit)
+    return tier_up_program(unit)
+
+
+def tier_up_program(unit: CompileUnit) -> "PlannedProgram | None":
+    """The default mode's tier-up (module doc) for ``unit``'s graphs; None where it does not apply.
+    Loaded exports use it whatever the mode: reduce-overhead's compile-time plans are the backend's."""
+    config = unit.config
     # Inference graphs only: training graphs hand saved activations to their backward graph, a
     # pattern the plans have had far less use with; they keep their ATen code in the default mode.
     if config.exec.tier_up_calls and config.exec.kernels == "aten" and unit.kind == "inference":
@@ -77,6 +84,24 @@ def tier_up_build_dir() -> str:
     path = os.path.join(base, "rewrite", "kernels")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+def _seen_outside(graph: Graph) -> str | None:
+    """What makes one more run of ``graph`` visible outside it (None: nothing). Tiering up observes a
+    run on the caller's inputs, so such graphs keep their ATen code: random draws would advance the
+    generator, collectives need their peers on the other ranks, side effects would happen twice.
+    Writes to the graph's inputs are fine: the observed run writes to copies of them."""
+    inputs = {p.id for p in graph.placeholders}
+    for n in graph.nodes:
+        if n.kind != "call":
+            continue
+        if ops.draws_random_numbers(n.target, n.args, n.kwargs):
+            return f"%{n.name} ({n.op}) draws random numbers"
+        written = written_args(n)
+        writes_inputs_only = bool(written) and all(isinstance(v, Node) and v.id in inputs for v in written)
+        if ops.is_collective(n.target) or (is_side_effect(n) and not writes_inputs_only):
+            return f"%{n.name} ({n.op}) has effects outside the graph"
+    return None
 
 
 class _Gear:
@@ -166,9 +191,7 @@ class PlannedProgram:
     def _tiered(self, graph: Graph, fn, plannable: bool):
         if device_of(graph).type != "cpu" or not plannable or not graph.is_static():
             return fn
-        why = unplannable(graph) or next((f"%{n.name} ({n.op}) draws random numbers" for n in graph.nodes
-                                          if n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs)),
-                                         None)
+        why = unplannable(graph) or _seen_outside(graph)
         if why is not None:
             log.debug("graph %s does not tier up: %s", graph.name, why)
             return fn

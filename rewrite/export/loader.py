@@ -152,13 +152,15 @@ class ExportedModel:
 
     # -- building ------------------------------------------------------------------------------
     def _build(self):
+        unit = CompileUnit.detached(self.graph.name, self.config, self.report)
+        program = rexec.tier_up_program(unit)  # static CPU graphs tier up after their first calls
+
         def build_static(g: Graph):
-            return rexec.build_executable(g, self.config, self.report)
+            return rexec.build_executable(g, unit, program=program)
 
         if self._gears is not None and self.use_gears:
             from .. import gears as rgears
 
-            unit = CompileUnit.detached(self.graph.name, self.config, self.report)
             return rgears.compile_dynamic(self.graph, self._gears, unit, build_static, gear_graphs=self.gear_graphs)
         return build_static(self.graph)
 

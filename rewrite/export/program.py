@@ -13,6 +13,7 @@ import torch
 
 from ..dump import graph_to_pbtxt
 from ..ir import Graph, SymMeta, TensorMeta
+from ..ops import is_collective
 from .errors import ExportError
 from .format import FORMAT_VERSION, encode_graph, encode_meta
 from .signature import describe_inputs, describe_outputs
@@ -24,7 +25,6 @@ if TYPE_CHECKING:  # capture imports Dynamo, which loading an export must not ne
 __all__ = ["Program", "build_program", "module_path", "collectives_of"]
 
 # Namespaces of the collective ops Dynamo/AOTAutograd put into graphs.
-COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 
 
 @dataclasses.dataclass
@@ -60,7 +60,7 @@ def collectives_of(graph: Graph) -> list[dict]:
     out = []
     for n in graph.nodes:
         t = n.target
-        if n.kind != "call" or not isinstance(t, torch._ops.OpOverload) or t.namespace not in COLLECTIVE_NAMESPACES:
+        if n.kind != "call" or not is_collective(t):
             continue
         entry = {"node": n.name, "op": n.op}
         for i, arg in enumerate(t._schema.arguments):
