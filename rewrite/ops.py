@@ -373,7 +373,8 @@ SAMPLE_ELEMENTS = 64  # elements from each end of a constant in its sample key
 def _sample_key(value: torch.Tensor) -> tuple:
     """dtype, shape, device, requires_grad and a digest of the first and last elements: equal for
     bit-identical constants, and for different weights almost never equal."""
-    if value.numel() <= 2 * SAMPLE_ELEMENTS:  # small: hashing it all is as cheap (decided by the shape alone)
+    if value.numel() <= 2 * SAMPLE_ELEMENTS or value.layout != torch.strided or value.is_quantized \
+            or value.is_nested:  # small (hashing it all is as cheap; decided by the shape alone), or not plain
         return constant_key(value)
     flat = value.detach().reshape(-1)  # a copy only when not contiguous: the elements in logical order
     ends = torch.cat([flat[:SAMPLE_ELEMENTS], flat[-SAMPLE_ELEMENTS:]]).cpu().view(torch.uint8)
