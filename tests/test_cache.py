@@ -98,7 +98,10 @@ def test_two_writers_then_a_hit_in_a_fresh_process(tmp_path, mode):
     first = _run(tmp_path, mode, cache, n=2)  # two processes write the same entries at once: both succeed
     for report in first:
         assert report["equal"] == [True, True]
-        assert report["counters"].get("hits", 0) == 0 and report["optimized"] > 0
+        # Both miss what they compile first; in "function" mode the faster process may already have
+        # written the second function's entry when the slower one gets there (a hit, not a failure).
+        assert report["counters"].get("misses", 0) >= 1 and report["optimized"] > 0
+        assert report["counters"].get("hits", 0) <= (0 if mode == "graph" else 1)
     found = _entries(cache)
     assert len(found) == (1 if mode == "graph" else 2) and all(isinstance(r, dict) for _, r in found)
     assert not [d for d, _, _ in os.walk(cache) if os.path.basename(d).startswith((".tmp-", ".trash-"))]
