@@ -155,9 +155,13 @@ class PlannedProgram:
         self.kernels = None  # rewrite.kernels.StaticKernels, made on the first CPU gear
         self.cuda = None  # cuda_graphs.CudaGraphs, made on the first CUDA gear
         self.tier_up_calls = tier_up_calls
-        self.tiered = tier_up_calls > 0
         self.static_kernels = self.tiered or bool(self.config.experimental_config.aclgraph._aclnn_static_shape_kernel)
         self.lock = threading.Lock()
+
+    @property
+    def tiered(self) -> bool:
+        """The default mode's tier-up (gears are planned after plain calls), not reduce-overhead."""
+        return self.tier_up_calls > 0
 
     def wants_inductor(self, graph: Graph) -> bool:
         """CUDA static kernels are Inductor's Triton kernels, compiled per gear with its sizes."""
@@ -223,14 +227,13 @@ class PlannedProgram:
 
             if not self.tiered:
                 self.kernels = StaticKernels(self.config, self.unit)
-                return self.kernels
-            try:
-                configured = self.config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir
-                self.kernels = StaticKernels(self.config, self.unit, configured or tier_up_build_dir(),
-                                             records=False)
-            except (StaticKernelError, OSError) as e:
-                self.static_kernels = False  # plan memory only
-                self._note(f"tier-up without static kernels: {e}")
+            else:
+                try:
+                    configured = self.config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir
+                    self.kernels = StaticKernels(self.config, self.unit, configured or tier_up_build_dir())
+                except (StaticKernelError, OSError) as e:
+                    self.static_kernels = False  # plan memory only
+                    self._note(f"tier-up without static kernels: {e}")
         return self.kernels
 
     def observe(self, gear: _Gear, inputs: list) -> None:
@@ -239,7 +242,7 @@ class PlannedProgram:
         obs = observe(graph, inputs)
         kernels = self._static_kernels()
         gear.plan = make_plan(graph, obs, "cpu", native=kernels.decide if kernels is not None else None)
-        if kernels is not None:
+        if kernels is not None and not self.tiered:  # the seed's per-op records belong to reduce-overhead
             kernels.record(graph, obs, gear.plan)
         self._note(describe(gear.plan))
 

@@ -113,16 +113,14 @@ def _constant_value(node: Node):
 class StaticKernels:
     """The static kernels of one compiled function (all its gears): decide, record, build, bind."""
 
-    def __init__(self, config, unit, build_dir: str | None = None, records: bool = True):
-        """``build_dir``: the build folder (default: the configured one, else the seed's default);
-        ``records``: write the seed's per-op JSON records (reduce-overhead does; a tier-up does not)."""
+    def __init__(self, config, unit, build_dir: str | None = None):
+        """``build_dir``: the build folder (default: the configured one, else the seed's default)."""
         try:
             check_local_world()
             self.store = KernelStore(build_dir or _build_dir(config))
         except StoreError as e:
             raise StaticKernelError(str(e)) from None
         self.unit = unit
-        self.records = records
         self.context = {"torch": torch.__version__, "device": compiler.device_key(), "generator": cgen.VERSION}
         self.pending: dict[str, dict] = {}  # key -> signature, for the next build
         self.signatures: dict[str, dict] = {}  # key -> signature, of every kernel decided on
@@ -171,8 +169,6 @@ class StaticKernels:
 
     def record(self, graph, obs, plan) -> None:
         """Write every op's signature record (debug folder) and those with kernels (the pid folder)."""
-        if not self.records:
-            return
         for i, n in enumerate(graph.nodes):
             if n.kind != "call" or not isinstance(n.target, torch._ops.OpOverload):
                 continue
