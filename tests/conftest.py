@@ -1,5 +1,6 @@
 import os
 import tempfile
+import threading
 
 import pytest
 import torch
@@ -35,3 +36,23 @@ def has_cuda() -> bool:
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def run_in_threads(work, n: int) -> None:
+    """Run ``work(k)`` for k in 0..n-1 on n threads released together; the first failure fails the test."""
+    errors: list = []
+    barrier = threading.Barrier(n)
+
+    def run(k: int) -> None:
+        try:
+            barrier.wait()
+            work(k)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

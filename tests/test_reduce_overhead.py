@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 
 import pytest
 import torch
 
 import rewrite
-from conftest import requires_cuda
+from conftest import requires_cuda, run_in_threads
 from rewrite import models
 from rewrite.exec.memory import ArenaPool, assign_offsets
 from rewrite.exec.observe import observe, synthesize_inputs
@@ -152,25 +151,14 @@ def test_concurrent_callers_never_share_an_arena(mode, kernel_home, monkeypatch)
     with torch.no_grad():
         expected = [model(x)[0] for x in inputs]
         compiled(inputs[0])
-    errors = []
-    barrier = threading.Barrier(4)
 
     def worker(k: int):
-        try:
-            barrier.wait()
-            with torch.no_grad():
-                for _ in range(50):
-                    for j in range(k, len(inputs), 4):
-                        torch.testing.assert_close(compiled(inputs[j])[0], expected[j])
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        with torch.no_grad():
+            for _ in range(50):
+                for j in range(k, len(inputs), 4):
+                    torch.testing.assert_close(compiled(inputs[j])[0], expected[j])
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 4)
     assert programs and programs[0].pool.created >= 1
 
 

@@ -3,12 +3,11 @@ then gets reduce-overhead's execution plan and static kernels; anything in the w
 its ATen code (or on a plan without kernels), with a note, never an error."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 import rewrite
+from conftest import run_in_threads
 from rewrite import models
 from rewrite.kernels import compiler
 from rewrite.exec.program import PlannedProgram
@@ -53,6 +52,17 @@ def _tiered(backend) -> list[str]:
     return [n for n in _notes(backend) if "tiered up" in n]
 
 
+def _block_calls_match_eager(tier_up_calls: int, calls: int):
+    """Compile a `_Block`, call it ``calls`` times on one input, each result equal to eager's; its backend."""
+    model = _Block().eval()
+    compiled, backend = _compile(model, calls=tier_up_calls)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        for _ in range(calls):
+            torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
+    return backend
+
+
 def test_default_mode_tiers_up_after_the_configured_calls_and_results_stay_right():
     model = _Block().eval()
     compiled, backend = _compile(model, calls=3)
@@ -83,12 +93,7 @@ def test_tier_up_calls_zero_keeps_the_aten_code(monkeypatch):
         made.append(self)
 
     monkeypatch.setattr(PlannedProgram, "__init__", init)
-    model = _Block().eval()
-    compiled, backend = _compile(model, calls=0)
-    x = torch.randn(4, 32)
-    with torch.no_grad():
-        for _ in range(12):
-            torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
+    backend = _block_calls_match_eager(tier_up_calls=0, calls=12)
     assert not made and not _tiered(backend)
 
 
@@ -145,12 +150,7 @@ def test_attention_without_dropout_tiers_up():
 
 def test_without_a_c_compiler_the_plan_comes_without_kernels(monkeypatch):
     monkeypatch.setattr(compiler, "compiler_available", lambda: False)
-    model = _Block().eval()
-    compiled, backend = _compile(model, calls=1)
-    x = torch.randn(4, 32)
-    with torch.no_grad():
-        for _ in range(4):
-            torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
+    backend = _block_calls_match_eager(tier_up_calls=1, calls=4)
     (note,) = _tiered(backend)
     assert " 0 ops on static kernels" in note
     assert any("no C compiler" in n for n in _notes(backend))
@@ -159,12 +159,7 @@ def test_without_a_c_compiler_the_plan_comes_without_kernels(monkeypatch):
 def test_an_unusable_cache_folder_leaves_a_plan_without_kernels(private_cache):
     private_cache.parent.mkdir(parents=True, exist_ok=True)
     private_cache.write_text("a file where the cache folder should be")
-    model = _Block().eval()
-    compiled, backend = _compile(model, calls=1)
-    x = torch.randn(4, 32)
-    with torch.no_grad():
-        for _ in range(4):
-            torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
+    backend = _block_calls_match_eager(tier_up_calls=1, calls=4)
     assert any(n.startswith("tier-up without static kernels") for n in _notes(backend)), _notes(backend)
     assert _tiered(backend)
 
@@ -175,12 +170,7 @@ def test_a_failed_tier_up_keeps_the_aten_code_and_says_why(monkeypatch):
             raise RuntimeError("simulated build failure")
 
     monkeypatch.setattr(PlannedProgram, "materialize", broken)
-    model = _Block().eval()
-    compiled, backend = _compile(model, calls=1)
-    x = torch.randn(4, 32)
-    with torch.no_grad():
-        for _ in range(5):
-            torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
+    backend = _block_calls_match_eager(tier_up_calls=1, calls=5)
     assert not _tiered(backend)
     failed = [n for n in _notes(backend) if "keeps its ATen code" in n]
     assert len(failed) == 1 and "simulated build failure" in failed[0]  # tried once, not on every call
@@ -193,25 +183,14 @@ def test_concurrent_callers_across_the_tier_up():
     with torch.no_grad():
         expected = [model(x) for x in inputs]
         compiled(inputs[0])  # one compile; the threads race only across the tier-up
-    errors = []
-    barrier = threading.Barrier(4)
 
     def worker(k: int):
-        try:
-            barrier.wait()
-            with torch.no_grad():
-                for _ in range(10):
-                    for j in range(k, len(inputs), 4):
-                        torch.testing.assert_close(compiled(inputs[j]), expected[j], atol=ATOL, rtol=RTOL)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        with torch.no_grad():
+            for _ in range(10):
+                for j in range(k, len(inputs), 4):
+                    torch.testing.assert_close(compiled(inputs[j]), expected[j], atol=ATOL, rtol=RTOL)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 4)
     assert len(_tiered(backend)) == 1
 
 
