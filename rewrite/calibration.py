@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from .utils import THREAD_COUNT_LOCK, atomic_write_text
+from .utils import THREAD_COUNT_LOCK, atomic_write_text, set_this_thread_intra_op_threads
 
 log = logging.getLogger("rewrite")
 
@@ -227,10 +227,10 @@ def _measure(quick: bool) -> Calibration:
         fns = [lambda: aten.add.Tensor._op(one, one), lambda: aten.view.default._op(one, [1])]
         fns += [fn for family in points.values() for _, fn in family] + list(by_dtype.values())
         try:
-            torch.set_num_threads(1)
+            set_this_thread_intra_op_threads(1)
             times = iter(_best_of(fns + [big], budget, rounds))
         finally:
-            torch.set_num_threads(threads)
+            set_this_thread_intra_op_threads(threads)
         big_parallel = _best_of([big], budget, rounds)[0] if threads > 1 else None
         dispatch, view = next(times), next(times)
         families = {family: _fit([(work, next(times)) for work, _ in family_points], floor=dispatch)

@@ -5,14 +5,39 @@ import os
 import tempfile
 import threading
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "THREAD_COUNT_LOCK"]
+import torch
 
-# Held by every rewrite code path that changes torch's intra-op thread count and puts it back
-# (calibration, stream workers). torch.set_num_threads in any thread also sets the count threads
-# started later begin with; without the lock, one path could read another's temporary count as
-# the one to put back, and every thread started afterwards would keep it (Dynamo, which guards
-# on the count, then recompiles every function such a thread calls).
+__all__ = ["atomic_write_text", "atomic_write_bytes", "THREAD_COUNT_LOCK", "set_this_thread_intra_op_threads"]
+
+# Held by every rewrite code path that changes torch's intra-op thread count (calibration, stream
+# workers), around `set_this_thread_intra_op_threads`. torch.set_num_threads in any thread also sets
+# the count threads started later begin with; without the lock, one path could read another's
+# temporary count as the one to put back, and every thread started afterwards would keep it
+# (Dynamo, which guards on the count, then recompiles every function such a thread calls).
 THREAD_COUNT_LOCK = threading.Lock()
+
+
+def _in_fresh_thread(fn, *args):
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    t.start()
+    t.join()
+    return out[0]
+
+
+def set_this_thread_intra_op_threads(n: int) -> None:
+    """Give the calling thread ``n`` intra-op threads; threads started later keep torch's count.
+
+    torch keeps one count per thread, and a process-wide one that a thread takes the first time it
+    asks. ``torch.set_num_threads`` sets both, so the process-wide count is read first from a fresh
+    thread (which takes exactly that count) and put back from another one. It is never read from a
+    thread's own count: that may be another thread's temporary setting, and putting it back would
+    make it every new thread's count for good. Caller holds `THREAD_COUNT_LOCK`.
+    """
+    process_count = _in_fresh_thread(torch.get_num_threads)
+    torch.get_num_threads()  # this thread's lazy first-use setup now: later, it would undo ours
+    torch.set_num_threads(n)
+    _in_fresh_thread(torch.set_num_threads, process_count)
 
 
 def atomic_write_bytes(path: str, data: bytes, *, durable: bool = True) -> None:

@@ -136,6 +136,41 @@ def test_concurrent_multi_stream_calls_leave_torch_thread_count_for_new_threads(
         assert _new_thread_count() == default, f"round {round_}"
 
 
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one intra-op thread: nothing to tell apart")
+def test_a_thread_on_fewer_intra_op_threads_leaves_new_threads_torch_count():
+    """A thread whose own count differs from torch's (a serving thread set up that way, or one that
+    took a stream worker's count while it was being set) calibrates and compiles a multi-stream
+    graph. Both change counts and put them back; what they put back for new threads must be
+    torch's count, not that thread's (CI once saw new threads start with 1 for the rest of a run)."""
+    from rewrite import calibration
+    from rewrite.exec import workers
+    from rewrite.utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
+
+    default = torch.get_num_threads()
+    workers.shutdown()  # new workers: each sets its count on its first task
+    seen: dict = {}
+
+    def work():
+        with THREAD_COUNT_LOCK:
+            set_this_thread_intra_op_threads(1)
+        seen["own count"] = torch.get_num_threads()
+        calibration.measure(quick=True)
+        seen["new threads after calibrating"] = _new_thread_count()
+        model, compiled = _compiled("streams", seed=7)
+        failures: list = []
+        _check_calls(model, compiled, _inputs("streams", 5), failures)
+        seen["failures"] = failures
+        seen["own count after"] = torch.get_num_threads()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(240)
+    assert seen == {"own count": 1, "new threads after calibrating": default, "failures": [],
+                    "own count after": 1}
+    assert _new_thread_count() == default
+    assert torch.get_num_threads() == default
+
+
 def test_compile_on_another_thread_than_the_first_engine():
     """An engine made on one thread is never used (or dropped) on another."""
     _compiled("plain", seed=0)

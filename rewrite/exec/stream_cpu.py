@@ -198,9 +198,6 @@ def compile_cpu_streams(plan: StreamPlan, timeout: float, intra_op_threads: int,
     glb = se.em.globals
     glb.update(_Frame=_Frame, _timeout=float(timeout))
 
-    # What new workers put back as the count threads start with: this thread's count now, not one
-    # read during a call, which another stream call could have changed for the moment.
-    default_threads = torch.get_num_threads()
     _counter[0] += 1
     filename = f"<rewrite-streams-{_counter[0]}-{base}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
@@ -208,7 +205,7 @@ def compile_cpu_streams(plan: StreamPlan, timeout: float, intra_op_threads: int,
     side_fns = [glb[name] for _, name in side]
 
     def launch(frame: _Frame, slots: list, inputs: tuple) -> None:
-        workers = pool.lease(len(side_fns), default_threads)
+        workers = pool.lease(len(side_fns))
         for w, fn in zip(workers, side_fns):
             w.submit(_run_side_stream, (fn, frame, slots, inputs), frame.worker_done, intra_op_threads)
 

@@ -5,10 +5,9 @@ call (creating a worker only when none is idle), so calls running at the same ti
 worker and cannot deadlock each other. Workers block on a queue while idle (no busy waiting), are
 reused by every later call, and are stopped by `shutdown` (also run at interpreter exit).
 
-Intra-op threads: ``torch.set_num_threads`` sets the calling thread's OpenMP/MKL thread count and a
-process-global default for threads that have not run a parallel op yet. A worker sets its own
-count once (its share of the cores) and then puts the global default back, so the caller's
-threads and threads created later keep torch's setting.
+Intra-op threads: a worker sets its own count once (its share of the cores) with
+`utils.set_this_thread_intra_op_threads`, which leaves the count threads created later start with
+as it was.
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import threading
 
 import torch
 
-from ..utils import THREAD_COUNT_LOCK
+from ..utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
 
 log = logging.getLogger("rewrite")
 
@@ -32,9 +31,8 @@ _STOP = object()
 class _Worker:
     _ids = itertools.count()
 
-    def __init__(self, owner: "WorkerPool", default_threads: int):
+    def __init__(self, owner: "WorkerPool"):
         self.owner = owner
-        self.global_default = default_threads
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.intra_op_threads: int | None = None
         self.thread = threading.Thread(target=self._loop, name=f"rewrite-stream-{next(self._ids)}", daemon=True)
@@ -44,7 +42,6 @@ class _Worker:
         self.inbox.put((fn, args, on_done, intra_op_threads))
 
     def _loop(self) -> None:
-        # Run torch's lazy per-thread init now: run later, it would overwrite our setting.
         self.intra_op_threads = torch.get_num_threads()
         while True:
             task = self.inbox.get()
@@ -52,7 +49,8 @@ class _Worker:
                 return
             fn, args, on_done, threads = task
             if threads != self.intra_op_threads:
-                _set_thread_local_intra_op_threads(threads, self.global_default)
+                with THREAD_COUNT_LOCK:
+                    set_this_thread_intra_op_threads(threads)
                 self.intra_op_threads = threads
             try:
                 fn(*args)
@@ -62,34 +60,18 @@ class _Worker:
                 on_done()
 
 
-def _set_thread_local_intra_op_threads(n: int, global_default: int) -> None:
-    """Give the current thread ``n`` intra-op threads without changing torch's global default."""
-    with THREAD_COUNT_LOCK:
-        torch.set_num_threads(n)
-        # set_num_threads also changed the default new threads start with: restore it from a
-        # helper thread, whose own thread-local setting does not matter.
-        restore = threading.Thread(target=torch.set_num_threads, args=(global_default,), daemon=True)
-        restore.start()
-        restore.join()
-
-
 class WorkerPool:
     def __init__(self):
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._workers: list[_Worker] = []
 
-    def lease(self, n: int, default_threads: int) -> list:
-        """``n`` workers for the caller's exclusive use until each finishes its task.
-
-        ``default_threads``: torch's thread count, which new workers put back after setting their
-        own. The caller passes what it knows (not a count read now, which another call running
-        at the same time may have changed for the moment).
-        """
+    def lease(self, n: int) -> list:
+        """``n`` workers for the caller's exclusive use until each finishes its task."""
         with self._lock:
             got = [self._idle.pop() for _ in range(min(n, len(self._idle)))]
         while len(got) < n:
-            w = _Worker(self, default_threads)
+            w = _Worker(self)
             with self._lock:
                 self._workers.append(w)
             log.debug("started stream worker %s (%d in pool)", w.thread.name, len(self._workers))
