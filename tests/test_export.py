@@ -377,6 +377,7 @@ def example(rank, world_size, path):
     with torch.no_grad():
         save_file({"x": x, "y": y, "want": mod(x, y), "x2": x2, "want2": mod(x2, y)},
                   os.path.join(path, f"eager{rank}.safetensors"))
+    dist.barrier()  # neither rank tears its group down while the other still uses it
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -400,6 +401,7 @@ def run(rank, world_size, path):
     assert not torch._dynamo.utils.counters["frames"]
     with open(os.path.join(path, f"loaded_ok_{rank}"), "w") as f:  # stdout of two ranks interleaves
         f.write("ok")
+    dist.barrier()  # neither rank tears its group down while the other still uses it
     dist.destroy_process_group()
 
 if __name__ == "__main__":
