@@ -9,6 +9,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -19,6 +20,14 @@ OUT_DIR = os.path.join(HERE, "out")
 
 sys.path.insert(0, os.path.dirname(HERE))
 from rewrite.utils import atomic_write_text  # noqa: E402
+
+
+def cold_caches() -> None:
+    """Compile times are cold: Inductor's FX graph cache off and its C++ kernel cache, like rewrite's
+    static-kernel cache ($XDG_CACHE_HOME/rewrite/kernels), in fresh folders of this run."""
+    torch._inductor.config.fx_graph_cache = False
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="bench-xdg-")
 
 
 def time_call(fn, *args, warmup: int = 3, repeat: int = 20, inner: int = 1) -> float:

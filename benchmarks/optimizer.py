@@ -28,13 +28,12 @@ import argparse
 import logging
 import os
 import statistics
-import tempfile
 import time
 
 import sympy
 import torch
 
-from _results import machine_line, markdown_table, record_section, save_plot
+from _results import cold_caches, machine_line, markdown_table, record_section, save_plot
 
 from rewrite import models
 from rewrite.config import CompilerConfig
@@ -146,14 +145,6 @@ def _timed_rounds(fns: dict, x, rounds: int) -> dict:
             fn(x)
             times[v].append(time.perf_counter() - t0)
     return times
-
-
-def cold_caches() -> None:
-    """Compile times are cold: Inductor's FX graph cache off and its C++ kernel cache, like rewrite's
-    static-kernel cache ($XDG_CACHE_HOME/rewrite/kernels), in fresh folders of this run."""
-    torch._inductor.config.fx_graph_cache = False
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="bench-xdg-")
 
 
 def latency_rows(names, batches, repeat: int) -> list[dict]:
