@@ -36,14 +36,16 @@ def alias_base(node):
 
 
 def keep_outputs_fresh(before: Graph, after: Graph) -> int:
-    """Clone outputs of ``after`` that alias memory where ``before``'s outputs did not.
+    """Give fresh tensors to outputs of ``after`` that alias memory where ``before``'s outputs did not.
 
     ``before`` and ``after`` are the graph before and after optimization (same output structure),
     compared position by position over the nodes they return (every pass gives a graph output a
     node, a constant one where it folded the value; a literal output cannot alias). A position gets a clone when its value became an input or
     constant (or a view of one), or when an earlier position now holds the same node although the
     two positions held different nodes before. Positions that shared a node before share a clone.
-    Edits ``after`` in place; returns how many clones were added.
+    A repeated view of an input that was a view of one before gets ``alias`` (its own tensor over the
+    same memory, as eager returns) instead of a clone.
+    Edits ``after`` in place; returns how many clones and aliases were added.
     """
     old, new = list(iter_nodes(before.outputs)), list(iter_nodes(after.outputs))
     if len(old) != len(new):
@@ -60,7 +62,12 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
         if key not in clones:
             anchor = next(m for m in after.nodes[after.nodes.index(n) + 1:] if m.kind != "placeholder")
             attrs = {"stream": n.attrs["stream"]} if "stream" in n.attrs else {}
-            clones[key] = after.call(torch.ops.aten.clone.default, (n,), meta=n.meta, attrs=attrs, before=anchor)
+            # A view of an input that was a view before too: AOTAutograd rebuilds such an output
+            # from the input with the returned tensor's sizes, strides and offset, so the second
+            # position gets its own view of the same memory (a clone's offset would be 0).
+            fresh = torch.ops.aten.alias.default if not became_alias and alias_base(o) is not None \
+                else torch.ops.aten.clone.default
+            clones[key] = after.call(fresh, (n,), meta=n.meta, attrs=attrs, before=anchor)
         chosen[i] = clones[key]
     if chosen:
         position = iter(range(len(new)))

@@ -172,6 +172,26 @@ def test_every_gear_including_1_compiles_once_and_matches_eager(caplog):
     assert torch.fx.experimental._config.backed_size_oblivious is False  # restored after the first run
 
 
+@pytest.mark.parametrize("geared", [True, False], ids=["gears", "static"])
+def test_two_equal_views_of_an_input_stay_two_views_of_it(geared):
+    """CSE makes the two narrows one node; the second output must still be the same view of x (found
+    by `make fuzz`: with gears, AOTAutograd rebuilt it from x with a clone's offset 0, so it returned
+    x[0:3] instead of x[1:4])."""
+    def program(x):
+        return x.narrow(0, 1, x.shape[0] - 1), x.narrow(0, 1, x.shape[0] - 1)
+
+    x = torch.tensor([True, False, True, True])
+    arg = x.clone()
+    if geared:
+        set_dim_gears(arg, {0: [4]})
+    compiled = torch.compile(program, backend=rewrite.get_backend(), fullgraph=True, dynamic=None if geared else False)
+    first, second = compiled(arg)
+    assert first.tolist() == second.tolist() == [False, True, True]
+    assert first is not second
+    arg[2] = False  # both are views of the input, as in eager
+    assert first.tolist() == second.tolist() == [False, False, True]
+
+
 def test_shape_outside_the_gears_names_input_dim_value_and_gears():
     model = AddSoftmax().eval()
     fn, _ = _compile(model)
@@ -286,6 +306,25 @@ def test_pad_fallback_pads_to_the_smallest_larger_gear_and_slices_back(caplog):
     assert unique_graphs() == 1
     assert "= 3 is not a gear; padding up to gear (4,)" in caplog.text
     assert "= 5 is not a gear; padding up to gear (8,)" in caplog.text
+
+
+def test_pad_refused_at_call_time_says_so_like_every_other_refusal():
+    """Whether padding works can depend on the sizes (here: rows in blocks of the padded size
+    itself); a refusal found at the call names the shape and the gears as every refusal does
+    (found by `make fuzz`)."""
+    def program(x):
+        return torch.arange(x.view(x.shape[0] * x.shape[1], x.shape[2]).shape[0])
+
+    config = rewrite.CompilerConfig()
+    config.inference_config.gear_fallback = "pad"
+    fn = torch.compile(program, backend=rewrite.get_backend(config), fullgraph=True)
+    x = torch.zeros(3, 3, 4)
+    set_dim_gears(x, {0: [3, 6], 1: [3, 6]})
+    assert fn(x).tolist() == list(range(9))
+    assert fn(torch.zeros(6, 6, 4)).shape == (36,)
+    with pytest.raises(GearError, match=r"not one of the compiled gears: .*has size 4; allowed gears for it: \[3, 6\]"
+                                        r".* and padding is not possible: cannot pad to gear \(6, 6\)"):
+        fn(torch.zeros(4, 4, 4))
 
 
 def test_pad_is_refused_when_a_reduction_mixes_the_padded_dim():
