@@ -69,6 +69,8 @@ class GearDispatcher:
         return fn(*args)
 
     def _miss(self, key: tuple) -> Callable:
+        from .spec import GearError
+
         if self.fallback == "dynamic" and self.dynamic_fn is not None:
             return self.dynamic_fn
         if self.fallback == "pad":
@@ -76,7 +78,10 @@ class GearDispatcher:
                 target = self._smallest_larger(key)
                 if target is not None:
                     log.info("gears: shape %s is not a gear; padding up to gear %s", self._describe(key), target)
-                    fn = self.padder.make(key, target, self.table[target])
+                    try:
+                        fn = self.padder.make(key, target, self.table[target])
+                    except GearError as e:  # known only now, with the sizes: say it as every refusal does
+                        raise self._error(key, f"and padding is not possible: {e}") from None
                     self._misses[key] = fn
                     return fn
                 raise self._error(key, "and no gear is larger in every padded dimension")
