@@ -65,8 +65,8 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
             # A view of an input that was a view before too: AOTAutograd rebuilds such an output
             # from the input with the returned tensor's sizes, strides and offset, so the second
             # position gets its own view of the same memory (a clone's offset would be 0).
-            fresh = torch.ops.aten.alias.default if not became_alias and alias_base(o) is not None \
-                else torch.ops.aten.clone.default
+            views_both = alias_base(n) is not None and alias_base(o) is not None
+            fresh = torch.ops.aten.alias.default if views_both else torch.ops.aten.clone.default
             clones[key] = after.call(fresh, (n,), meta=n.meta, attrs=attrs, before=anchor)
         chosen[i] = clones[key]
     if chosen:
