@@ -54,7 +54,8 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
     clones: dict[tuple, Node] = {}  # (new node id, original node id) -> its clone
     chosen: dict[int, Node] = {}  # output position -> clone
     for i, (o, n) in enumerate(zip(old, new)):
-        became_alias = alias_base(n) is not None and alias_base(o) is None
+        is_view, was_view = alias_base(n) is not None, alias_base(o) is not None
+        became_alias = is_view and not was_view
         # Shared: an earlier position returns this very node (not a clone of it) for another original.
         if not became_alias and first_origin.setdefault(n.id, o) is o:
             continue
@@ -65,8 +66,7 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
             # A view of an input that was a view before too: AOTAutograd rebuilds such an output
             # from the input with the returned tensor's sizes, strides and offset, so the second
             # position gets its own view of the same memory (a clone's offset would be 0).
-            views_both = alias_base(n) is not None and alias_base(o) is not None
-            fresh = torch.ops.aten.alias.default if views_both else torch.ops.aten.clone.default
+            fresh = torch.ops.aten.alias.default if is_view and was_view else torch.ops.aten.clone.default
             clones[key] = after.call(fresh, (n,), meta=n.meta, attrs=attrs, before=anchor)
         chosen[i] = clones[key]
     if chosen:
