@@ -348,8 +348,22 @@ def test_onnx_file_runs_in_onnxruntime_without_torch(tmp_path):
 
 # -- multi-rank -----------------------------------------------------------------------------------
 
-MP_MODEL = '''
+# Both scripts: how a rank ends once its work is done and checked.
+MP_COMMON = '''
 import os, sys, torch, torch.distributed as dist
+
+def finish_rank():
+    dist.barrier()  # neither rank tears its group down while the other still uses it
+    dist.destroy_process_group()
+    # CI twice saw rank 0 abort ("terminate called without an active exception") with no Python
+    # error, in whole-suite runs only (never in 15 runs of this test alone, loaded or not): most
+    # likely C++ teardown at interpreter exit. The rank's work is done and checked (its file is
+    # written), so that teardown is skipped; faulthandler (load script) shows where any other crash is.
+    sys.stdout.flush()
+    os._exit(0)
+'''
+
+MP_MODEL = MP_COMMON + '''
 
 class AllReduceSingeGroup(torch.nn.Module):
     def __init__(self):
@@ -377,14 +391,7 @@ def example(rank, world_size, path):
     with torch.no_grad():
         save_file({"x": x, "y": y, "want": mod(x, y), "x2": x2, "want2": mod(x2, y)},
                   os.path.join(path, f"eager{rank}.safetensors"))
-    dist.barrier()  # neither rank tears its group down while the other still uses it
-    dist.destroy_process_group()
-    # CI twice saw rank 0 abort ("terminate called without an active exception") with no Python
-    # error, in whole-suite runs only (never in 15 runs of this test alone, loaded or not): most
-    # likely C++ teardown at interpreter exit. The rank's work is done and checked (its file is
-    # written), so that teardown is skipped; faulthandler above shows where any other crash is.
-    sys.stdout.flush()
-    os._exit(0)
+    finish_rank()
 
 if __name__ == "__main__":
     os.environ["MASTER_ADDR"] = "localhost"
@@ -392,8 +399,7 @@ if __name__ == "__main__":
     torch.multiprocessing.spawn(example, args=(2, sys.argv[1]), nprocs=2, join=True)
 '''
 
-MP_LOAD = '''
-import os, sys, torch, torch.distributed as dist
+MP_LOAD = MP_COMMON + '''
 
 def run(rank, world_size, path):
     import faulthandler
@@ -409,14 +415,7 @@ def run(rank, world_size, path):
     assert not torch._dynamo.utils.counters["frames"]
     with open(os.path.join(path, f"loaded_ok_{rank}"), "w") as f:  # stdout of two ranks interleaves
         f.write("ok")
-    dist.barrier()  # neither rank tears its group down while the other still uses it
-    dist.destroy_process_group()
-    # CI twice saw rank 0 abort ("terminate called without an active exception") with no Python
-    # error, in whole-suite runs only (never in 15 runs of this test alone, loaded or not): most
-    # likely C++ teardown at interpreter exit. The rank's work is done and checked (its file is
-    # written), so that teardown is skipped; faulthandler above shows where any other crash is.
-    sys.stdout.flush()
-    os._exit(0)
+    finish_rank()
 
 if __name__ == "__main__":
     os.environ["MASTER_ADDR"] = "localhost"
