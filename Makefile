@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz bench env clean
+.PHONY: demo test fuzz zoo bench env clean
 
 env: $(STAMP)
 
@@ -27,8 +27,13 @@ test: $(STAMP)
 
 # Thousands of random graphs: static ones through the optimizer and the backend (test_fuzz.py),
 # dynamic-shape programs through torch.compile and random gears (test_fuzz_dynamic.py).
+# The static-kernel differential checker draws thousands of kernel signatures here (a few hundred in CI).
 fuzz: $(STAMP)
-	HF_HUB_OFFLINE=1 REWRITE_FUZZ_EXAMPLES=5000 $(PY) -m pytest -q tests/test_fuzz.py tests/test_fuzz_dynamic.py
+	HF_HUB_OFFLINE=1 REWRITE_FUZZ_EXAMPLES=5000 REWRITE_KERNEL_DIFF_CASES=3000 $(PY) -m pytest -q tests/test_fuzz.py tests/test_fuzz_dynamic.py tests/test_kernel_diff.py
+
+# Every architecture of the model zoo through every mode, compared with eager; prints a table (CI runs a subset).
+zoo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m tests.zoo
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py
