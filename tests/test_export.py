@@ -132,6 +132,21 @@ def test_seed_example_exports_and_runs_in_a_fresh_process(tmp_path):
     assert "cases 2" in out
 
 
+def test_export_with_default_arguments_writes_export_file_in_the_working_directory(tmp_path, monkeypatch):
+    # The seed's own call: export_path defaults to the bare relative name "export_file" (its parent is '').
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = SeedModel()
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    rewrite.dynamo_export(x, y, model=model)
+    assert sorted(os.listdir("export_file")) == ["dynamo.pbtxt", "export.json", "p1.safetensors", "p2.safetensors"]
+    runner = rewrite.load("export_file")
+    torch.testing.assert_close(runner(x, y), model(x, y), rtol=1e-6, atol=1e-6)
+    # A nested relative folder that does not exist yet is made too.
+    rewrite.dynamo_export(x, y, model=model, export_path="out/nested")
+    torch.testing.assert_close(rewrite.load("out/nested")(x, y), model(x, y), rtol=1e-6, atol=1e-6)
+
+
 def test_dynamic_export_runs_other_sizes_and_checks_ranges(tmp_path):
     torch.manual_seed(0)
     model = Stack().eval()
@@ -431,12 +446,13 @@ def _free_port() -> str:
 
 
 def test_two_rank_all_reduce_export_and_load(tmp_path):
+    # The ranks export to a bare relative folder, as TorchAir's users do (export_path="mp", no parent).
     path = tmp_path / "mp"
     (tmp_path / "export_mp.py").write_text(MP_MODEL)
     (tmp_path / "load_mp.py").write_text(MP_LOAD)
     env = dict(os.environ, PYTHONPATH=REPO)
     for script in ("export_mp.py", "load_mp.py"):
-        proc = subprocess.run([sys.executable, script, str(path), _free_port()], cwd=str(tmp_path), env=env,
+        proc = subprocess.run([sys.executable, script, "mp", _free_port()], cwd=str(tmp_path), env=env,
                               capture_output=True, text=True, timeout=300)
         ranks_done = sorted(p.name for p in path.glob("loaded_ok_*")) if path.exists() else []
         assert proc.returncode == 0, f"{script} failed (ranks done: {ranks_done}):\n{proc.stdout}\n{proc.stderr[-6000:]}"

@@ -30,7 +30,8 @@ __all__ = ["write_files"]
 def _make_folders(path: str, created: list) -> None:
     """``os.makedirs(path)``, appending each folder it creates to ``created`` (outermost first)."""
     missing = []
-    while not os.path.isdir(path):
+    # A relative name ends at '' (the working directory, which exists): never mkdir('').
+    while path and not os.path.isdir(path):
         if os.path.lexists(path):
             raise ExportError(f"{path} exists and is not a folder")
         missing.append(path)
