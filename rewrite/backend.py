@@ -44,17 +44,21 @@ _graph_numbers = itertools.count()
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
-    """Core-ATen decompositions, minus those that replace a fused kernel by a slower op chain.
+    """Core-ATen decompositions, minus those that replace a kernel by a slower or less exact op chain.
 
     We execute ATen kernels directly (no code generation that would fuse the pieces again), so
     keeping fused ops such as scaled-dot-product attention is faster than their decompositions.
+    Standard deviation stays one op: its decomposition ``sqrt(var)`` rounds the variance to the
+    dtype first, so a row holding 3e38 gives inf where ATen's kernel (which takes the root of a
+    double-precision variance) gives 1.2e38.
     """
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
     aten = torch.ops.aten
     for op in (aten.scaled_dot_product_attention.default,
-               aten._scaled_dot_product_flash_attention_for_cpu.default):
+               aten._scaled_dot_product_flash_attention_for_cpu.default,
+               aten.std.default, aten.std.dim, aten.std.correction, aten.std_mean.correction, aten.std_mean.dim):
         table.pop(op, None)
     return table
 
