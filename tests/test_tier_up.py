@@ -263,3 +263,22 @@ def test_loaded_exports_tier_up(tmp_path):
             y = torch.randn(4, 32)
             torch.testing.assert_close(runner(y), model(y), atol=ATOL, rtol=RTOL)
     assert any("tiered up after 2 calls" in n for n in runner.report.notes), runner.report.notes
+
+
+def test_mpt_with_a_padding_mask_matches_eager_after_the_tier_up():
+    """Issue 24: MPT (ALiBi) turns its float attention mask into bool with `.bool()`; the static kernel of
+    that `_to_copy` cast with C's `(uint8_t)x`, which truncates and is undefined for -3.4e38, so the masked
+    positions became unmasked after the tier-up (logits off by 0.5). Written as a user runs it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MptConfig(vocab_size=100, d_model=64, n_heads=4, n_layers=2, max_seq_len=32)
+    model = transformers.MptForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :3] = 0  # left padding: the float mask holds the dtype's minimum where attention is masked
+    compiled = torch.compile(model, backend="rewrite")
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+        for call in range(10):  # 8 calls of ATen code, then the tier-up to the plan and static kernels
+            got = compiled(ids, attention_mask=mask).logits
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m, c=call: f"call {c}: {m}")

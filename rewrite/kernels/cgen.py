@@ -32,7 +32,7 @@ from .signature import value_of
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 1
+VERSION = 2
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
@@ -343,12 +343,19 @@ def _pointwise(sig, symbol):
         elif v is not None and not isinstance(v, str):
             exprs[name] = _literal(v, T)
     expr = build(exprs, raw, T)
-    cast = _CTYPE[out["dtype"]]
+    if out["dtype"] == "bool":
+        # A bool result is "nonzero", never a C cast: C converts a float to an integer type by truncating
+        # toward zero (0.5 -> 0) and leaves values outside its range undefined (-3.4e38 -> 0 on x86),
+        # so `(uint8_t)x` turned a float attention mask's large negative values into False (issue 24).
+        # torch's bool(x) is x != 0 (NaN is True); comparisons already give 0 or 1, which this keeps.
+        store = f"(uint8_t)(({expr}) != 0)"
+    else:
+        store = f"({_CTYPE[out['dtype']]})({expr})"
 
     def body(index):
         lines = [f"{'uint8_t' if is_bool else T} {var} = ({'uint8_t' if is_bool else T})x{k}[{index[1 + j]}];"
                  for j, (var, k, is_bool) in enumerate(loads)]
-        return lines + [f"y0[{index[0]}] = ({cast})({expr});"]
+        return lines + [f"y0[{index[0]}] = {store};"]
 
     return _function(symbol, _loops(list(size), strides, body, _numel(size) >= PARALLEL_MIN), sig)
 
