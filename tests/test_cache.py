@@ -410,6 +410,37 @@ def test_results_equal_eager_at_every_gear(tmp_path):
             assert counters["hits"] == hits + 1
 
 
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_cache_compile_with_gears_marked_on_the_first_call_only(tmp_path, monkeypatch, dynamic):
+    """TorchAir's way: set_dim_gears on the first call's inputs, later calls unmarked, default cache_dir."""
+    monkeypatch.chdir(tmp_path)
+
+    class Geared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = torch.nn.Linear(8, 8)
+            self.cached = rewrite.inference.cache_compile(self.inner, dynamic=dynamic)
+
+        def inner(self, x):
+            return torch.relu(self.linear(x)) * 2
+
+    def calls(model):
+        first = torch.randn(1, 8)
+        rewrite.inference.set_dim_gears(first, dim_gears={0: [1, 2, 4]})
+        for x in (first, torch.randn(2, 8), torch.randn(4, 8), torch.randn(1, 8)):
+            with torch.no_grad():
+                torch.testing.assert_close(model.cached(x), model.inner(x))
+
+    traced, hits, misses = counters["traced"], counters["hits"], counters["misses"]
+    calls(Geared())
+    assert counters["traced"] == traced + 1  # one compile serves every later call, marked or not
+    assert counters["misses"] == misses + 1
+    assert [rel for rel, _ in _entries(".rewrite_cache")] == [os.path.join("Geared", "inner")]  # the default folder
+    calls(Geared())  # a new wrapper (as in a restarted process) loads the entry the first one wrote
+    assert counters["traced"] == traced + 1 and counters["hits"] == hits + 1
+
+
 def test_geared_export_load_reuses_gear_graphs(tmp_path, monkeypatch):
     import rewrite.export.loader as loader
     from rewrite.cache.store import SIGNATURE_FILE

@@ -170,6 +170,10 @@ class CachedFunction:
         self._tensor_list: list = []
         _registrations.watch()
         self._programs: dict = {}  # key hash -> list of loaded programs (several input specialisations)
+        # The gears of the last call whose inputs carried `set_dim_gears` marks, per flattened input
+        # (TorchAir marks the first call's inputs only; later calls without marks reuse them, as the
+        # graph Dynamo compiled for the marked call serves them).
+        self._gears: tuple | None = None
         self.cache = CacheDir.get(root)
         self.rel = os.path.join(type(self._module).__name__, _rank_folder(global_rank, tp_rank, pp_rank),
                                 self.__name__)
@@ -217,29 +221,58 @@ class CachedFunction:
             self._static, self._weights_state, self._tensor_list = fields, (generation, seen), tensors
         return fields
 
-    def _input_fields(self, args, kwargs) -> dict:
+    def _call_gears(self, flat: list) -> tuple:
+        """Each flattened input's gears for this call: its own marks, else those the function remembers.
+
+        A call whose inputs carry marks (re)sets the function's gears; a call without marks, with as
+        many inputs of the same ranks, uses them. The gears are part of the key, so either way the
+        call finds the entry the marked call wrote."""
         from ..gears import get_dim_gears
 
-        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
-        parts, gears, devices, dtypes = [], [], set(), set()
-        for leaf in flat:
+        marked = tuple(get_dim_gears(leaf) if isinstance(leaf, torch.Tensor) else {} for leaf in flat)
+        if any(marked):
+            with self._lock:
+                self._gears = marked
+            return marked
+        with self._lock:
+            remembered = self._gears
+        if remembered is None or len(remembered) != len(flat) or not all(
+                not g or (isinstance(leaf, torch.Tensor) and leaf.dim() > max(g)) for g, leaf in zip(remembered, flat)):
+            return marked
+        return remembered
+
+    def _input_fields(self, flat: list, spec, gears: tuple) -> dict:
+        parts, devices, dtypes = [], set(), set()
+        for leaf, g in zip(flat, gears):
             if isinstance(leaf, torch.Tensor):
-                shape = list(leaf.shape) if not self.dynamic else f"{leaf.dim()}d"
+                # A geared dim's size is the gear's to choose, never part of the key.
+                shape = [("*" if d in g else s) for d, s in enumerate(leaf.shape)] if not self.dynamic \
+                    else f"{leaf.dim()}d"
                 parts.append(f"{str(leaf.dtype)[6:]}{shape}@{leaf.device.type}")
                 devices.add(leaf.device.type)
                 dtypes.add(str(leaf.dtype)[6:])
-                g = get_dim_gears(leaf)
-                gears.append(str(sorted(g.items())) if g else "-")
             else:
                 parts.append(type(leaf).__name__ if self.dynamic else f"{type(leaf).__name__}={leaf!r}")
-        any_gears = any(g != "-" for g in gears)
+        listed = [str(sorted(g.items())) if g else "-" for g in gears]
         return {"inputs": digest(f"{spec}|{parts}"),
-                "gears": (f"{self.config.inference_config.dynamic_gears_merge_policy}: {gears}" if any_gears else "none"),
+                "gears": (f"{self.config.inference_config.dynamic_gears_merge_policy}: {listed}" if any(gears)
+                          else "none"),
                 "device": ",".join(sorted(devices)) or "none", "dtype": ",".join(sorted(dtypes)) or "none"}
+
+    @staticmethod
+    def _mark(flat: list, gears: tuple) -> None:
+        """Put the remembered gears on this call's inputs, so a compile traces them as the marked call did."""
+        from ..gears import get_dim_gears, set_dim_gears
+
+        for leaf, g in zip(flat, gears):
+            if g and not get_dim_gears(leaf):
+                set_dim_gears(leaf, dim_gears={d: list(v) for d, v in g.items()})
 
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        fields = {**self._static_fields(), **self._input_fields(args, kwargs)}
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        gears = self._call_gears(flat)
+        fields = {**self._static_fields(), **self._input_fields(flat, spec, gears)}
         key = json.dumps(fields, sort_keys=True)
         for program in list(self._programs.get(key, ())):
             try:
@@ -248,6 +281,8 @@ class CachedFunction:
                 log.info("cache_compile %s: the loaded program does not fit this call (%s)", self.__name__, e)
         with self.cache.lock(self.rel):
             hit = self._load(fields, args, kwargs)
+            if hit is None:
+                self._mark(flat, gears)
             program = hit[0] if hit is not None else self._compile(fields, args, kwargs)
             with self._lock:
                 self._programs.setdefault(key, []).append(program)
