@@ -532,6 +532,46 @@ def _ops_of(namespace: str, *names: str) -> frozenset:
 # Fused CPU kernels ATen ships (oneDNN linear with post-ops; MKL GEMM on a weight packed per batch
 # size), where this build has them; the cost model knows them whether or not a rule produces them.
 FUSED_LINEARS = _ops_of("mkldnn", "_linear_pointwise.default", "_linear_pointwise.binary")
+
+# oneDNN post-ops of ``mkldnn._linear_pointwise``, as ATen calls: (attr, algorithm) -> f(linear output),
+# and ``.binary``'s attr -> f(linear output, other). A rule may only produce a post-op listed here
+# (rules/fused.py checks it), so every kernel backend can run the fused op: the ones that cannot
+# lower oneDNN's kernel (Inductor asserts on an unpacked weight) run `unfused_linear` instead.
+LINEAR_POST_OPS = {
+    ("none", ""): lambda y: y,
+    ("relu", ""): torch.ops.aten.relu.default,
+    ("tanh", ""): torch.ops.aten.tanh.default,
+    ("sigmoid", ""): torch.ops.aten.sigmoid.default,
+    ("gelu", "none"): torch.ops.aten.gelu.default,
+    ("gelu", "tanh"): lambda y: torch.ops.aten.gelu.default(y, approximate="tanh"),
+}
+LINEAR_BINARY_OPS = {"add": torch.ops.aten.add.Tensor, "sub": torch.ops.aten.sub.Tensor,
+                     "mul": torch.ops.aten.mul.Tensor}
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """``x @ weight.T + bias`` over x's last dim (weight ``[out, in]``, as oneDNN reads it), in ATen ops."""
+    aten = torch.ops.aten
+    rows = aten.reshape.default(x, [-1, x.shape[-1]])
+    wt = aten.t.default(weight)
+    y = aten.mm.default(rows, wt) if bias is None else aten.addmm.default(bias, rows, wt)
+    return aten.reshape.default(y, [*x.shape[:-1], weight.shape[0]])
+
+
+def unfused_linear(op, *args, **kwargs) -> torch.Tensor:
+    """One of `FUSED_LINEARS` as the ATen ops it fuses (a decomposition for backends without oneDNN)."""
+    if op == getattr(getattr(torch.ops.mkldnn, "_linear_pointwise", None), "default", None):
+        a = bind_arguments(op, args, kwargs)
+        post = LINEAR_POST_OPS.get((a["attr"], a["algorithm"] or ""))
+        if post is None or a["scalars"]:
+            raise NotImplementedError(f"mkldnn._linear_pointwise post-op {a['attr']!r} (algorithm {a['algorithm']!r}, "
+                                      f"scalars {a['scalars']}) has no ATen form here; known: {sorted(LINEAR_POST_OPS)}")
+        return post(_linear(a["X"], a["W"], a["B"]))
+    a = bind_arguments(op, args, kwargs)
+    if a["attr"] not in LINEAR_BINARY_OPS:
+        raise NotImplementedError(f"mkldnn._linear_pointwise.binary attr {a['attr']!r} has no ATen form here; "
+                                  f"known: {sorted(LINEAR_BINARY_OPS)}")
+    return LINEAR_BINARY_OPS[a["attr"]](_linear(a["X"], a["W"], a["B"]), a["other"])
 PACKED_LINEARS = _ops_of("mkl", "_mkl_linear.default")
 BATCH_NORMS = _overloads("_native_batch_norm_legit_no_training.default", "_native_batch_norm_legit.default",
                          "native_batch_norm.default")

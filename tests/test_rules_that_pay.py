@@ -205,3 +205,49 @@ def test_fused_linear_rules_exist_only_where_the_build_has_the_kernel(monkeypatc
 
     assert not fused.available("_linear_pointwise", broken, torch.float32)
     assert fused.LEFT_OUT[-1].startswith("_linear_pointwise (torch.float32): ")
+
+
+@pytest.mark.skipif(not fused.LINEAR.rules, reason="this build has no oneDNN fused linear")
+@pytest.mark.parametrize("kernels", ["default", "inductor", "static"])
+def test_every_fused_op_a_rule_emits_runs_on_every_kernel_backend(kernels, tmp_path):
+    """A rule may only produce what every kernel backend runs: each post-op of the fused linear rules,
+    through ATen code past the tier-up, Inductor's kernels and reduce-overhead's static kernels."""
+    torch.manual_seed(0)
+    w, b = torch.randn(16, 8), torch.randn(16)
+    post_ops = [(attr, alg) for _, attr, alg in fused._ACTIVATIONS.values()]
+
+    def f(x):
+        return [torch.ops.mkldnn._linear_pointwise.default(x, w, b, attr, [], alg) for attr, alg in post_ops]
+
+    config = rewrite.CompilerConfig()
+    if kernels == "inductor":
+        config.mode = "reduce-overhead"
+        config.exec.kernels = "inductor"
+    elif kernels == "static":
+        config.mode = "reduce-overhead"
+        config.experimental_config.aclgraph._aclnn_static_shape_kernel = True
+        config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = str(tmp_path)
+    compiled = torch.compile(f, backend=rewrite.get_backend(compiler_config=config), fullgraph=True)
+    x = torch.randn(4, 8)
+    for _ in range(config.exec.tier_up_calls + 2):
+        torch.testing.assert_close(compiled(x), f(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not fused.LINEAR.rules, reason="this build has no oneDNN fused linear")
+def test_unfused_linear_computes_what_the_onednn_kernel_computes():
+    from rewrite.ops import LINEAR_BINARY_OPS, LINEAR_POST_OPS, unfused_linear
+
+    torch.manual_seed(0)
+    k = torch.ops.mkldnn._linear_pointwise
+    w, b = torch.randn(16, 8), torch.randn(16)
+    for x in (torch.randn(4, 8), torch.randn(2, 3, 8)):
+        for attr, alg in LINEAR_POST_OPS:
+            for bias in (b, None):
+                torch.testing.assert_close(unfused_linear(k.default, x, w, bias, attr, [], alg),
+                                           k.default(x, w, bias, attr, [], alg), atol=1e-5, rtol=1e-5)
+        other = torch.randn(*x.shape[:-1], 16)
+        for attr in LINEAR_BINARY_OPS:
+            torch.testing.assert_close(unfused_linear(k.binary, x, other, w, b, attr), k.binary(x, other, w, b, attr),
+                                       atol=1e-5, rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="hardswish"):
+        unfused_linear(k.default, torch.randn(4, 8), w, b, "hardswish", [], "")

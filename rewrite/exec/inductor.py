@@ -17,6 +17,7 @@ Inductor cannot lower becomes a call of the ATen kernel).
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import sympy
@@ -25,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ..fx_bridge import CompileError, to_fx
 from ..ir import Graph, Node, SymMeta, TensorMeta, map_nodes
-from ..ops import bind_arguments
+from ..ops import FUSED_LINEARS, bind_arguments, unfused_linear
 
 log = logging.getLogger("rewrite")
 
@@ -158,8 +159,12 @@ def compile_with_inductor(graph: Graph):
         with unset_fake_temporarily(), tracing(TracingContext(fake_mode)):
             fake = _fake_inputs(graph, fake_mode)
             # The IR is already functional core ATen; Inductor lowers its own decompositions of it.
+            # oneDNN's fused linear (a rule's output) goes back to GEMM + activation: Inductor's own
+            # lowering of it asserts on a weight its freezing passes did not pack, and fuses the
+            # activation into the GEMM's epilogue itself.
+            table = {**select_decomp_table(), **{op: functools.partial(unfused_linear, op) for op in FUSED_LINEARS}}
             with fake_mode:
-                lowered = make_fx(gm, decomposition_table=select_decomp_table())(*fake)
+                lowered = make_fx(gm, decomposition_table=table)(*fake)
             compiled = compile_fx_inner(lowered, fake)
     except CompileError:
         raise

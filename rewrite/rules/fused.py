@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ops import LINEAR_POST_OPS
 from ..dsl import RuleSet, aten, dims_agree, dtype_is, is_const, is_float, on_device, op, rank_is, rule, same_dtype, variables
 
 __all__ = ["GELU", "LINEAR", "RULESETS", "LEFT_OUT", "available"]
@@ -75,6 +76,9 @@ _ACTIVATIONS = {
     "gelu_tanh": (lambda v: aten.gelu.default(v, approximate="tanh"), "gelu", "tanh"),
     "tanh": (aten.tanh.default, "tanh", ""),
 }
+# Every kernel backend must run what a rule produces: a post-op without an ATen form in
+# `ops.LINEAR_POST_OPS` (what backends that cannot lower oneDNN's kernel run) is never emitted.
+assert all((attr, alg) in LINEAR_POST_OPS for _, attr, alg in _ACTIVATIONS.values()), "post-op without an ATen form"
 
 
 def _linear_rules() -> list:
