@@ -31,7 +31,10 @@ After a session its results are checked against eager where the README promises 
 (`_check_results`): a `model` the block compiled equals the eager stand-in on `x`; a `runner` the
 block loaded equals `m(x)` and its files are in the temporary cwd; gears the block set on
 `input_ids` serve every gear with one compile of a stand-in embedding model under the block's
-`config`.
+`config`; each `with ...stream_switch(...)` statement, made a function of the stand-ins it reads,
+gives under torch.compile (the block's `config`) what it gives in eager; a `config` the block
+changed compiles the stand-in MLP (past the tier-up) to eager's values. Absolute folders a block
+puts into `config` ("/path", "/var/cache/rewrite") are redirected under the temporary cwd first.
 
 CLI (```bash blocks and inline `python -m rewrite SUB ...` mentions): each line of a ```bash block
 is run unless the block is skipped; every subcommand the documentation mentions must have a
@@ -166,8 +169,42 @@ def _run_block(block: Block, ns: dict) -> None:
         exec(code, ns)
 
 
+def _compiled_equals_eager(fn, args, config, calls: int = 3) -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=rewrite.get_backend(compiler_config=config), fullgraph=True)
+    with torch.no_grad():
+        want = fn(*args)
+        for _ in range(calls):
+            torch.testing.assert_close(compiled(*args), want)
+
+
+def _scoped_functions(session: Session, stand: dict) -> list:
+    """Each top-level `with ...stream_switch(...)` statement of the session as a function of the
+    stand-ins it reads, returning what it assigns (so it can run under torch.compile)."""
+    out = []
+    for block in session.blocks:
+        for node in ast.parse(block.code).body:
+            if not (isinstance(node, ast.With) and "stream_switch" in ast.unparse(node.items[0])):
+                continue
+            names = [n for n in ast.walk(node) if isinstance(n, ast.Name)]
+            params = sorted({n.id for n in names if isinstance(n.ctx, ast.Load) and n.id in stand
+                             and isinstance(stand[n.id], torch.Tensor)})
+            outputs = sorted({n.id for n in names if isinstance(n.ctx, ast.Store)})
+            src = (f"def _scoped({', '.join(params)}):\n" + textwrap.indent(ast.unparse(node), "    ")
+                   + f"\n    return ({', '.join(outputs)},)\n")
+            scope = {"torch": torch, "rewrite": rewrite}
+            exec(compile(src, block.where, "exec"), scope)
+            out.append((scope["_scoped"], [stand[p] for p in params]))
+    return out
+
+
 def _check_results(session: Session, ns: dict, stand: dict, cwd) -> list[str]:
-    """What the session promises, against eager; returns the names of the checks that ran."""
+    """What the session promises, against eager; returns the names of the checks that ran.
+
+    Absolute folders a block put into `config` (placeholders such as "/path" or "/var/cache/rewrite")
+    are replaced by folders under the temporary cwd before anything compiles, so the test never
+    writes outside it.
+    """
     ran = []
     eager, x = stand["model"], stand["x"]
     if ns.get("model") is not stand["model"] and isinstance(ns.get("model"), torch.nn.Module):
@@ -183,12 +220,22 @@ def _check_results(session: Session, ns: dict, stand: dict, cwd) -> list[str]:
         for d in export_dirs or ["export_file"]:
             assert (cwd / d).is_dir(), f"{d} not written in the working directory"
         ran.append("loaded export == eager")
+    config = ns.get("config")
+    if not isinstance(config, rewrite.CompilerConfig):
+        return ran
+    kernels = config.experimental_config.aclgraph
+    if kernels._aclnn_static_shape_kernel_build_dir and os.path.isabs(kernels._aclnn_static_shape_kernel_build_dir):
+        os.makedirs(cwd / "kernels-build")
+        kernels._aclnn_static_shape_kernel_build_dir = str(cwd / "kernels-build")
+    if config.cache.dir and os.path.isabs(config.cache.dir):
+        config.cache.dir = str(cwd / "cache-dir")
     ids = ns.get("input_ids")
     gears = rewrite.inference.get_dim_gears(ids) if isinstance(ids, torch.Tensor) else {}
-    if gears and isinstance(ns.get("config"), rewrite.CompilerConfig):
+    if gears:
+        torch._dynamo.reset()
         torch.manual_seed(0)
         embed = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 4)).eval()
-        inner = rewrite.get_backend(compiler_config=ns["config"])
+        inner = rewrite.get_backend(compiler_config=config)
         compiles = []
 
         def counting(gm, example_inputs):
@@ -203,6 +250,18 @@ def _check_results(session: Session, ns: dict, stand: dict, cwd) -> list[str]:
                 torch.testing.assert_close(fn(part), embed(part))
         assert len(compiles) == 1, f"gears {gears} compiled {len(compiles)} times"
         ran.append("every gear == eager, one compile")
+    for fn, args in _scoped_functions(session, stand):
+        _compiled_equals_eager(fn, args, config)
+        ran.append("stream scope compiled == eager")
+    if config.as_dict() != rewrite.CompilerConfig().as_dict():
+        calls = config.exec.tier_up_calls + 2 if config.mode == "max-autotune" else 3  # past the tier-up
+        _compiled_equals_eager(eager, (x,), config, calls)
+        ran.append("the block's config compiles the stand-in model == eager")
+        if config.cache.dir:  # "optimized graphs and gear graphs are cached"
+            from rewrite.cache.store import entries
+
+            assert [rel for rel, record in entries(config.cache.dir) if isinstance(record, dict)], config.cache.dir
+            ran.append("config.cache.dir holds the entry")
     return ran
 
 
