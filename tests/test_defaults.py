@@ -173,6 +173,28 @@ def test_set_dim_gears_defaults_one_compile_every_gear_equals_eager(cwd):
             compiled(x[:3])
 
 
+# -- rewrite.scope ------------------------------------------------------------------------------
+
+def _scoped(x, w):
+    a = x + 1
+    with rewrite.scope.stream_switch("1"):  # default priority 0
+        b = x * 2
+        rewrite.scope.wait_tensor(b, a)
+        c = torch.mm(b, w)
+        token = rewrite.scope.record()
+    rewrite.scope.wait([token])
+    return c + a
+
+
+def test_scope_defaults_compiled_equals_eager(cwd):
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    compiled = torch.compile(_scoped, backend=rewrite.get_backend(), fullgraph=True)
+    want = torch.mm(x * 2, w) + x + 1
+    torch.testing.assert_close(_scoped(x, w), want)  # eager: the markers do nothing
+    torch.testing.assert_close(compiled(x, w), want)
+    assert _files(cwd) == []
+
+
 # -- dynamo_export / load ------------------------------------------------------------------------
 
 def test_dynamo_export_defaults_write_export_file_and_load_runs_it(cwd):
@@ -464,6 +486,8 @@ def _streams(x, w):
 
 
 def compat_streams(cwd):
+    assert torchair.scope.npu_stream_switch is rewrite.scope.stream_switch
+    assert torchair.scope.npu_wait_tensor is rewrite.scope.wait_tensor
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     compiled = torch.compile(_streams, backend=torchair.get_npu_backend(), fullgraph=True)
     torch.testing.assert_close(compiled(x, w), _streams(x, w))
@@ -480,6 +504,7 @@ def _record_wait(x):
 
 
 def compat_record_wait(cwd):
+    assert (torchair.ops.record, torchair.ops.wait) == (rewrite.scope.record, rewrite.scope.wait)
     x = torch.randn(4, 4)
     compiled = torch.compile(_record_wait, backend=torchair.get_npu_backend(), fullgraph=True)
     torch.testing.assert_close(compiled(x), (x + 1) * 4)
@@ -527,3 +552,39 @@ def test_every_compat_name_is_tested():
                          ids=lambda f: f.__name__)
 def test_compat_defaults(fn, cwd):
     fn(cwd)
+
+
+# -- every public name is covered above -------------------------------------------------------------
+
+PUBLIC_TESTS = {
+    "get_backend": test_get_backend_default_equals_eager_through_tier_up,
+    "CompilerConfig": test_compiler_config_defaults_are_the_readme_table,
+    "ConfigError": test_compiler_config_defaults_are_the_readme_table,
+    "explain": test_explain_defaults,
+    "dynamo_export": test_dynamo_export_defaults_write_export_file_and_load_runs_it,
+    "load": test_dynamo_export_defaults_write_export_file_and_load_runs_it,
+    "inference.set_dim_gears": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
+    "inference.get_dim_gears": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
+    "inference.GearError": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
+    "inference.cache_compile": test_cache_compile_defaults_write_rewrite_cache_and_a_fresh_process_hits,
+    "scope.stream_switch": test_scope_defaults_compiled_equals_eager,
+    "scope.wait_tensor": test_scope_defaults_compiled_equals_eager,
+    "scope.record": test_scope_defaults_compiled_equals_eager,
+    "scope.wait": test_scope_defaults_compiled_equals_eager,
+}
+NOT_ENTRY_POINTS = {
+    "CompileError": "an exception class (raised, not called)",
+    "scope.StreamScopeError": "an exception class (raised, not called)",
+    "scope.annotate_streams": "the backend's pass over the IR (takes a rewrite.ir.Graph), not a user call",
+}
+
+
+def test_every_public_name_is_tested():
+    names = set()
+    for name in rewrite.__all__:
+        value = getattr(rewrite, name)
+        if isinstance(value, type(rewrite)):
+            names |= {f"{name}.{sub}" for sub in value.__all__}
+        else:
+            names.add(name)
+    assert names == set(PUBLIC_TESTS) | set(NOT_ENTRY_POINTS)
