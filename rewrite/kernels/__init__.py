@@ -90,14 +90,34 @@ _loaded = _Loaded()  # process-wide: kernels loaded by one compiled function ser
 _PACKED: dict = {}  # (weight address, shape) -> (weight, packed copy): one packed copy per weight per process
 
 
-def _packed_weight(mat2: torch.Tensor, rows: int) -> torch.Tensor:
+def _packed_weight(mat2: torch.Tensor, rows: int) -> "_Packed":
     """MKL's packed form of ``mat2`` ([K, N], the transpose of a row-major [N, K] weight), made once."""
     weight = mat2.t()
-    key = (weight.data_ptr(), tuple(weight.shape))
+    # MKL sizes the packed form for the rows it is packed for: one packed copy per row count
+    key = (weight.data_ptr(), tuple(weight.shape), rows)
     hit = _PACKED.get(key)
     if hit is None:
-        hit = _PACKED[key] = (weight, torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), max(rows, 1)))
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), max(rows, 1))
+        hit = _PACKED[key] = (weight, _Packed(packed))
     return hit[1]
+
+
+class _Packed:
+    """A packed weight as the plan's tables take it (anything with ``data_ptr()``), kept alive.
+
+    ATen returns MKL's packed buffer as an opaque MKLDNN tensor: it has no ``data_ptr()`` (it raised
+    "doesn't have storage" at bind), and a dense copy of its bytes is not a packed weight MKL can use
+    (sgemm_compute on one crashed with SIGFPE or SIGSEGV, found by tests/test_kernel_diff.py): the
+    address of the buffer itself comes from ``mkldnn::data_ptr``."""
+
+    __slots__ = ("tensor", "address")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+        self.address = torch.ops.mkldnn.data_ptr(tensor) if tensor.is_mkldnn else tensor.data_ptr()
+
+    def data_ptr(self) -> int:
+        return self.address
 
 
 def _constant_value(node: Node):

@@ -32,7 +32,7 @@ from .signature import value_of
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 2
+VERSION = 5
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
@@ -233,7 +233,12 @@ def _pow_scalar(e, raw, T):
     return f"{_fn('pow', T)}({x}, {e['exponent']})"
 
 
+def _nan_bound(raw, names) -> bool:
+    return any(isinstance(v := value_of(raw.get(n)), float) and math.isnan(v) for n in names)
+
+
 def _clamp(x, lo, hi):
+    """ATen's clamp: max(lo, x) then min(hi, .), ties and a NaN x give x (so clamp(-0.0, min=0) is -0.0)."""
     out = x
     if lo is not None:
         out = f"({out} < {lo} ? {lo} : {out})"
@@ -258,17 +263,22 @@ _POINTWISE: dict = {
     "aten.rsqrt.default": (("self",), lambda e, raw, T: f"(({T})1) / {_fn('sqrt', T)}({e['self']})"),
     "aten.sigmoid.default": (("self",), lambda e, raw, T: f"(({T})1) / ((({T})1) + {_fn('exp', T)}(-{e['self']}))"),
     "aten.silu.default": (("self",), lambda e, raw, T: f"{e['self']} / ((({T})1) + {_fn('exp', T)}(-{e['self']}))"),
-    "aten.relu.default": (("self",), lambda e, raw, T: f"({e['self']} != {e['self']} || {e['self']} > 0 ? "
-                                                         f"{e['self']} : (({T})0))"),
+    # relu is ATen's clamp_min(x, 0): -0.0 and NaN stay themselves (`x > 0 ? x : 0` made -0.0 into 0.0)
+    "aten.relu.default": (("self",), lambda e, raw, T: f"({e['self']} < 0 ? (({T})0) : {e['self']})"),
     "aten.gelu.default": (("self", "approximate"), _gelu),
     "aten.pow.Tensor_Scalar": (("self", "exponent"), _pow_scalar),
     "aten.pow.Tensor_Tensor": (("self", "exponent"), lambda e, raw, T: f"{_fn('pow', T)}({e['self']}, {e['exponent']})"),
-    "aten.clamp.default": (("self", "min", "max"), lambda e, raw, T: _clamp(
-        e["self"], None if raw["min"] is None else e["min"], None if raw["max"] is None else e["max"])),
-    "aten.clamp_min.default": (("self", "min"), lambda e, raw, T: _clamp(e["self"], e["min"], None)),
-    "aten.clamp_max.default": (("self", "max"), lambda e, raw, T: _clamp(e["self"], None, e["max"])),
-    "aten.hardtanh.default": (("self", "min_val", "max_val"), lambda e, raw, T: _clamp(e["self"], e["min_val"],
-                                                                                       e["max_val"])),
+    # A NaN bound makes ATen fill the whole result with NaN (clamp_out and friends; hardtanh is a clamp);
+    # comparing with it would leave every element as it is.
+    "aten.clamp.default": (("self", "min", "max"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(
+        raw, ("min", "max")) else _clamp(e["self"], None if raw["min"] is None else e["min"],
+                                         None if raw["max"] is None else e["max"])),
+    "aten.clamp_min.default": (("self", "min"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(raw, ("min",)) else
+                               _clamp(e["self"], e["min"], None)),
+    "aten.clamp_max.default": (("self", "max"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(raw, ("max",)) else
+                               _clamp(e["self"], None, e["max"])),
+    "aten.hardtanh.default": (("self", "min_val", "max_val"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(
+        raw, ("min_val", "max_val")) else _clamp(e["self"], e["min_val"], e["max_val"])),
     "aten.leaky_relu.default": (("self", "negative_slope"), lambda e, raw, T: (
         f"({e['self']} > 0 ? {e['self']} : {e['self']} * {e['negative_slope']})")),
     "aten.maximum.default": (("self", "other"), lambda e, raw, T: _maxmin(e, ">")),
@@ -280,13 +290,20 @@ _POINTWISE: dict = {
     "aten.clone.default": (("self",), lambda e, raw, T: e["self"]),
     "aten._to_copy.default": (("self",), lambda e, raw, T: e["self"]),
 }
-for _name, _op in (("add", "+"), ("sub", "-")):
-    for _ov in ("Tensor", "Scalar"):
-        _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T, op=_op: (
-            f"{e['self']} {op} {_alpha(raw['alpha'], T, e['other'])}"))
+def _subtract(a: str, b: str, alpha, T: str) -> str:
+    """ATen's sub: add(a, b, -alpha), so a + (-alpha) * b; with alpha 0 that is a + 0 * b, where
+    a - 0 * b would turn -0.0 - 0.0 * -0.0 into +0.0. For alpha 1 both are a - b, bit for bit."""
+    v = value_of(alpha)
+    return f"{a} - {b}" if v == 1 else f"{a} + {_literal(-v, T)} * {b}"
+
+
 for _ov in ("Tensor", "Scalar"):
-    _POINTWISE[f"aten.rsub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: (
-        f"{e['other']} - {_alpha(raw['alpha'], T, e['self'])}"))
+    _POINTWISE[f"aten.add.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: (
+        f"{e['self']} + {_alpha(raw['alpha'], T, e['other'])}"))
+    _POINTWISE[f"aten.sub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
+        e["self"], e["other"], raw["alpha"], T))
+    _POINTWISE[f"aten.rsub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
+        e["other"], e["self"], raw["alpha"], T))
 for _name, _op in (("mul", "*"), ("div", "/")):
     for _ov in ("Tensor", "Scalar"):
         _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"{e['self']} {op} {e['other']}")
@@ -298,6 +315,21 @@ _BOOL_OPERANDS = {"condition", "mask"}
 _ALLOWED_EXTRA = {"aten._to_copy.default": {"dtype", "non_blocking", "memory_format", "layout", "device",
                                             "pin_memory"},
                   "aten.clone.default": {"memory_format"}}
+
+
+def _compare_type(sig, args, operand_names) -> str:
+    """The C type a comparison computes in: ATen's common dtype of its float operands. Tensors with
+    dimensions decide; a 0-dim tensor widens the type only when every operand is 0-dim (as a Python
+    scalar never does), so float32 x == float64 tensor(0.1) compares in float32: 0.1 rounded to
+    float, equal to x's 0.1f. Comparing in double made it False (tests/test_kernel_diff.py)."""
+    dims, zero_dim = [], []
+    for n in operand_names:
+        v = args.get(n)
+        if n in _BOOL_OPERANDS or not (isinstance(v, dict) and "tensor" in v):
+            continue
+        d = sig["inputs"][v["tensor"]]
+        (dims if d["size"] else zero_dim).append(d["dtype"])
+    return "double" if "float64" in (dims or zero_dim) else "float"
 
 
 def _pointwise(sig, symbol):
@@ -319,7 +351,7 @@ def _pointwise(sig, symbol):
     if out["dtype"] == "bool":
         if not float_inputs:
             raise Unsupported
-        T = "double" if "float64" in float_inputs else "float"
+        T = _compare_type(sig, args, operand_names)
     elif out["dtype"] in _FLOATS:
         T = _CTYPE[out["dtype"]]
     else:
@@ -422,7 +454,9 @@ def _layer_norm(sig, symbol):
         "    #pragma omp simd reduction(+:sq)",
         f"    for (int64_t j = 0; j < {n}LL; j++) {{ double d = row[j] - mean; sq += d * d; }}",
         f"    double var = sq / {n}.0;",
-        f"    double rstd = 1.0 / sqrt((var > 0 ? var : 0) + {eps});",
+        # ATen clamps with std::max(var, 0), which keeps a NaN variance (a row holding inf or NaN): the row
+        # is NaN. `var > 0 ? var : 0` made it 0, so such a row came out as +-inf and finite values.
+        f"    double rstd = 1.0 / sqrt((var < 0 ? 0 : var) + {eps});",
         f"    {T} m = ({T})mean, s = ({T})rstd;",
         "    #pragma omp simd",
         f"    for (int64_t j = 0; j < {n}LL; j++) out[j] = (row[j] - m) * s{scale}{shift};",

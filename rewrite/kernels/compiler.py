@@ -102,7 +102,9 @@ def blas_available() -> bool:
 
 def packed_gemm_available() -> bool:
     """MKL's packed GEMM (weights packed once, as Inductor's freezing does): compute entry and packing op."""
-    return bool(_blas()[2]) and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+    # the packed weight is an MKLDNN tensor whose address only mkldnn::data_ptr gives (kernels._Packed)
+    return bool(_blas()[2]) and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and \
+        hasattr(torch.ops.mkldnn, "data_ptr")
 
 
 class Library:
