@@ -32,7 +32,7 @@ from .signature import value_of
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 5
+VERSION = 6
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
@@ -208,11 +208,6 @@ def _fn(name: str, T: str) -> str:
     return f"{name}f" if T == "float" else name
 
 
-def _alpha(a, T: str, x: str) -> str:
-    v = value_of(a)
-    return x if v == 1 else f"{_literal(a, T)} * {x}"
-
-
 def _gelu(e, raw, T):
     x = e["self"]
     if raw["approximate"] == "tanh":
@@ -290,16 +285,23 @@ _POINTWISE: dict = {
     "aten.clone.default": (("self",), lambda e, raw, T: e["self"]),
     "aten._to_copy.default": (("self",), lambda e, raw, T: e["self"]),
 }
+def _add(a: str, b: str, alpha, T: str) -> str:
+    """ATen's add: a + alpha * b as one fused multiply-add (vec::fmadd(b, alpha, a)) where alpha is not 1;
+    two roundings differed from it where a and alpha * b nearly cancel (tests/test_kernel_diff.py)."""
+    v = value_of(alpha)
+    return f"{a} + {b}" if v == 1 else f"{_fn('fma', T)}({_literal(v, T)}, {b}, {a})"
+
+
 def _subtract(a: str, b: str, alpha, T: str) -> str:
-    """ATen's sub: add(a, b, -alpha), so a + (-alpha) * b; with alpha 0 that is a + 0 * b, where
+    """ATen's sub: add(a, b, -alpha), so fma(-alpha, b, a); with an int alpha 0 that is a + 0 * b, where
     a - 0 * b would turn -0.0 - 0.0 * -0.0 into +0.0. For alpha 1 both are a - b, bit for bit."""
     v = value_of(alpha)
-    return f"{a} - {b}" if v == 1 else f"{a} + {_literal(-v, T)} * {b}"
+    return f"{a} - {b}" if v == 1 else _add(a, b, -v, T)
 
 
 for _ov in ("Tensor", "Scalar"):
-    _POINTWISE[f"aten.add.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: (
-        f"{e['self']} + {_alpha(raw['alpha'], T, e['other'])}"))
+    _POINTWISE[f"aten.add.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _add(
+        e["self"], e["other"], raw["alpha"], T))
     _POINTWISE[f"aten.sub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
         e["self"], e["other"], raw["alpha"], T))
     _POINTWISE[f"aten.rsub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
