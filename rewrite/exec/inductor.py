@@ -44,9 +44,35 @@ def _(x, dim, correction, keepdim):
     return torch.ops.aten.var_mean.correction(x, dim, correction=correction, keepdim=keepdim)
 
 
+# std and std_mean stay single ops in rewrite's graphs (backend.decomposition_table); Inductor would
+# lower them to the same Welford reduction, and std to sqrt(var), which overflows at 3e38.
+@torch.library.custom_op("rewrite_eager::std", mutates_args=())
+def _eager_std(x: torch.Tensor, dim: list[int] | None, correction: float | None, keepdim: bool) -> torch.Tensor:
+    return torch.ops.aten.std.correction(x, dim, correction=correction, keepdim=keepdim)
+
+
+@_eager_std.register_fake
+def _(x, dim, correction, keepdim):
+    return torch.ops.aten.std.correction(x, dim, correction=correction, keepdim=keepdim)
+
+
+@torch.library.custom_op("rewrite_eager::std_mean", mutates_args=())
+def _eager_std_mean(x: torch.Tensor, dim: list[int] | None, correction: float | None,
+                    keepdim: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.aten.std_mean.correction(x, dim, correction=correction, keepdim=keepdim)
+
+
+@_eager_std_mean.register_fake
+def _(x, dim, correction, keepdim):
+    return torch.ops.aten.std_mean.correction(x, dim, correction=correction, keepdim=keepdim)
+
+
 # ATen op -> (the opaque op that runs its ATen kernel, its argument names in order).
+_MOMENTS = ("self", "dim", "correction", "keepdim")
 EAGER_NUMERICS = {
-    torch.ops.aten.var_mean.correction: (torch.ops.rewrite_eager.var_mean.default, ("self", "dim", "correction", "keepdim")),
+    torch.ops.aten.var_mean.correction: (torch.ops.rewrite_eager.var_mean.default, _MOMENTS),
+    torch.ops.aten.std_mean.correction: (torch.ops.rewrite_eager.std_mean.default, _MOMENTS),
+    torch.ops.aten.std.correction: (torch.ops.rewrite_eager.std.default, _MOMENTS),
 }
 
 
