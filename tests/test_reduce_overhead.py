@@ -338,3 +338,47 @@ def test_a_graph_planned_at_its_first_call_updates_inputs_once():
     torch.testing.assert_close(compiled(x, d), f(x0, d))
     torch.testing.assert_close(x, x0)  # incremented once, by the call, not by the observation
     assert "note: plan " in str(backend.report)  # planned after all, at the first call
+
+
+def test_loaded_exports_and_cache_compile_plan_at_load_time_in_reduce_overhead(tmp_path, monkeypatch, caplog):
+    """A loaded export and cache_compile honour the mode as a compiled model does: reduce-overhead plans
+    every gear when the program is built (before any call), with or without the default mode's tier-up."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    rewrite.inference.set_dim_gears(x, dim_gears={0: [2, 4]})
+    rewrite.dynamo_export(x, model=model, dynamic=True)
+    for tier_up_calls in (8, 0):
+        config = rewrite.CompilerConfig()
+        config.mode = "reduce-overhead"
+        config.exec.tier_up_calls = tier_up_calls
+        runner = rewrite.load(config=config)
+        assert str(runner.report).count("note: plan ") == 2, str(runner.report)  # both gears, no call yet
+        for batch in (2, 4):
+            xb = torch.randn(batch, 8)
+            torch.testing.assert_close(runner(xb), model(xb))
+    default = rewrite.load()
+    assert "note: plan " not in str(default.report)  # the default mode plans at its tier-up, not at load
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.inner = model
+            self.cached = rewrite.inference.cache_compile(self.forward_inner, config=config)
+
+        def forward_inner(self, x):
+            return self.inner(x)
+
+    config = rewrite.CompilerConfig()
+    config.mode = "reduce-overhead"
+    config.exec.tier_up_calls = 0
+    caplog.set_level(logging.INFO, logger="rewrite")
+    Wrapped(config).cached(x)  # compiled and written
+    caplog.clear()
+    wrapped = Wrapped(config)  # loaded from the entry: its two gears are planned (tier_up_calls = 0: never tiered)
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped.cached(x), model(x))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("loaded" in m for m in messages), messages
+    assert sum(m.startswith("plan ") for m in messages) == 2, messages

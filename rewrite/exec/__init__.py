@@ -25,13 +25,13 @@ from ..ir import Graph
 from ..unit import CompileUnit, as_unit
 from .codegen import compile_graph_to_python
 from .direct import direct_call
-from .program import REDUCE_OVERHEAD_MODES, PlannedProgram, device_of, program_for, tier_up_program
+from .program import REDUCE_OVERHEAD_MODES, PlannedProgram, device_of, program_for
 from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
 
 log = logging.getLogger("rewrite")
 
 __all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for", "PlannedProgram",
-           "REDUCE_OVERHEAD_MODES", "direct_call", "program_for", "tier_up_program"]
+           "REDUCE_OVERHEAD_MODES", "direct_call", "program_for"]
 
 DYNAMIC_MULTI_STREAM_ENV = "REWRITE_DYNAMIC_SHAPE_MULTI_STREAM"
 

@@ -68,8 +68,7 @@ def program_for(unit: CompileUnit) -> "PlannedProgram | None":
 
 
 def tier_up_program(unit: CompileUnit) -> "PlannedProgram | None":
-    """The default mode's tier-up (module doc) for ``unit``'s graphs; None where it does not apply.
-    Loaded exports use it whatever the mode: reduce-overhead's compile-time plans are the backend's."""
+    """The default mode's tier-up (module doc) for ``unit``'s graphs; None where it does not apply."""
     config = unit.config
     # Inference graphs only: training graphs hand saved activations to their backward graph, a
     # pattern the plans have had far less use with; they keep their ATen code in the default mode.

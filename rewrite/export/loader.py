@@ -153,7 +153,8 @@ class ExportedModel:
     # -- building ------------------------------------------------------------------------------
     def _build(self):
         unit = CompileUnit.detached(self.graph.name, self.config, self.report)
-        program = rexec.tier_up_program(unit)  # static CPU graphs tier up after their first calls
+        # As a compiled model: reduce-overhead plans every gear now, the default mode tiers up later.
+        program = rexec.program_for(unit)
 
         def build_static(g: Graph):
             return rexec.build_executable(g, unit, program=program)
@@ -161,8 +162,12 @@ class ExportedModel:
         if self._gears is not None and self.use_gears:
             from .. import gears as rgears
 
-            return rgears.compile_dynamic(self.graph, self._gears, unit, build_static, gear_graphs=self.gear_graphs)
-        return build_static(self.graph)
+            fn = rgears.compile_dynamic(self.graph, self._gears, unit, build_static, gear_graphs=self.gear_graphs)
+        else:
+            fn = build_static(self.graph)
+        if program is not None:
+            program.finalize()
+        return fn
 
     def _input_checks(self):
         checks = []
