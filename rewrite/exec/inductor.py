@@ -33,46 +33,30 @@ log = logging.getLogger("rewrite")
 __all__ = ["compile_with_inductor", "EAGER_NUMERICS"]
 
 
-@torch.library.custom_op("rewrite_eager::var_mean", mutates_args=())
-def _eager_var_mean(x: torch.Tensor, dim: list[int] | None, correction: float | None,
-                    keepdim: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.ops.aten.var_mean.correction(x, dim, correction=correction, keepdim=keepdim)
-
-
-@_eager_var_mean.register_fake
-def _(x, dim, correction, keepdim):
-    return torch.ops.aten.var_mean.correction(x, dim, correction=correction, keepdim=keepdim)
-
-
-# std and std_mean stay single ops in rewrite's graphs (backend.decomposition_table); Inductor would
-# lower them to the same Welford reduction, and std to sqrt(var), which overflows at 3e38.
-@torch.library.custom_op("rewrite_eager::std", mutates_args=())
-def _eager_std(x: torch.Tensor, dim: list[int] | None, correction: float | None, keepdim: bool) -> torch.Tensor:
-    return torch.ops.aten.std.correction(x, dim, correction=correction, keepdim=keepdim)
-
-
-@_eager_std.register_fake
-def _(x, dim, correction, keepdim):
-    return torch.ops.aten.std.correction(x, dim, correction=correction, keepdim=keepdim)
-
-
-@torch.library.custom_op("rewrite_eager::std_mean", mutates_args=())
-def _eager_std_mean(x: torch.Tensor, dim: list[int] | None, correction: float | None,
-                    keepdim: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.ops.aten.std_mean.correction(x, dim, correction=correction, keepdim=keepdim)
-
-
-@_eager_std_mean.register_fake
-def _(x, dim, correction, keepdim):
-    return torch.ops.aten.std_mean.correction(x, dim, correction=correction, keepdim=keepdim)
-
-
-# ATen op -> (the opaque op that runs its ATen kernel, its argument names in order).
+_EAGER_LIB = torch.library.Library("rewrite_eager", "DEF")  # kept for the process: the ops live as long
 _MOMENTS = ("self", "dim", "correction", "keepdim")
+
+
+def _eager_moment(name: str, aten_op, results: str):
+    """An opaque op ``rewrite_eager::{name}`` that runs ``aten_op`` (a statistic taking `_MOMENTS`)."""
+    _EAGER_LIB.define(f"{name}(Tensor self, int[]? dim, float? correction, bool keepdim) -> {results}")
+
+    def run(x, dim, correction, keepdim):
+        return aten_op(x, dim, correction=correction, keepdim=keepdim)
+
+    _EAGER_LIB.impl(name, run, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"rewrite_eager::{name}", run, lib=_EAGER_LIB)
+    return getattr(torch.ops.rewrite_eager, name).default
+
+
+# ATen op -> (the opaque op that runs its ATen kernel, its argument names in order). std and std_mean
+# stay single ops in rewrite's graphs (backend.decomposition_table); Inductor would lower all three to
+# its Welford reduction, and std to sqrt(var), which overflows at 3e38.
+_aten = torch.ops.aten
 EAGER_NUMERICS = {
-    torch.ops.aten.var_mean.correction: (torch.ops.rewrite_eager.var_mean.default, _MOMENTS),
-    torch.ops.aten.std_mean.correction: (torch.ops.rewrite_eager.std_mean.default, _MOMENTS),
-    torch.ops.aten.std.correction: (torch.ops.rewrite_eager.std.default, _MOMENTS),
+    _aten.var_mean.correction: (_eager_moment("var_mean", _aten.var_mean.correction, "(Tensor, Tensor)"), _MOMENTS),
+    _aten.std_mean.correction: (_eager_moment("std_mean", _aten.std_mean.correction, "(Tensor, Tensor)"), _MOMENTS),
+    _aten.std.correction: (_eager_moment("std", _aten.std.correction, "Tensor"), _MOMENTS),
 }
 
 
