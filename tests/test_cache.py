@@ -357,6 +357,33 @@ def test_cache_compile_sees_weights_change_between_calls(tmp_path):
     assert counters["misses"] == misses + 4
 
 
+def test_a_compiled_forward_that_builds_modules_does_not_recompile_once_cache_compile_watches(tmp_path):
+    """cache_compile watches module registrations process-wide; a torch.compile'd model that builds a module
+    in its forward (Llama slices its ModuleList) must not recompile on every call because of that watch."""
+    TwoMethods(str(tmp_path))  # installs the registration hooks
+
+    class Sliced(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+
+        def forward(self, x):
+            for layer in self.layers[:2]:  # a new ModuleList: add_module runs the hooks
+                x = layer(x)
+            return x
+
+    model = Sliced().eval()
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counting = CompileCounterWithBackend("rewrite")
+    compiled = torch.compile(model, backend=counting, fullgraph=True)
+    with torch.no_grad():
+        for _ in range(12):
+            x = torch.randn(2, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert counting.frame_count == 1
+
+
 def test_cache_compile_refuses_rng_and_bad_arguments(tmp_path):
     class Noisy(torch.nn.Module):
         def __init__(self):

@@ -124,6 +124,11 @@ class _Registrations:
             self._watching = True
 
     def _seen(self, *args) -> None:
+        # Dynamo traces the hook when a compiled forward builds a module (transformers' Llama slices
+        # its ModuleList every call): counting there would make it guard on the count, and every call
+        # of that model would recompile. Such modules live inside the trace, never in a cached module.
+        if torch.compiler.is_compiling():
+            return
         self.count += 1  # a lost increment under a race is harmless: any increment is a change
 
 
