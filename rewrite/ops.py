@@ -532,6 +532,7 @@ def _ops_of(namespace: str, *names: str) -> frozenset:
 # Fused CPU kernels ATen ships (oneDNN linear with post-ops; MKL GEMM on a weight packed per batch
 # size), where this build has them; the cost model knows them whether or not a rule produces them.
 FUSED_LINEARS = _ops_of("mkldnn", "_linear_pointwise.default", "_linear_pointwise.binary")
+PACKED_LINEARS = _ops_of("mkl", "_mkl_linear.default")
 
 # oneDNN post-ops of ``mkldnn._linear_pointwise``, as ATen calls: (attr, algorithm) -> f(linear output),
 # and ``.binary``'s attr -> f(linear output, other). A rule may only produce a post-op listed here
@@ -572,7 +573,8 @@ def unfused_linear(op, *args, **kwargs) -> torch.Tensor:
         raise NotImplementedError(f"mkldnn._linear_pointwise.binary attr {a['attr']!r} has no ATen form here; "
                                   f"known: {sorted(LINEAR_BINARY_OPS)}")
     return LINEAR_BINARY_OPS[a["attr"]](_linear(a["X"], a["W"], a["B"]), a["other"])
-PACKED_LINEARS = _ops_of("mkl", "_mkl_linear.default")
+
+
 BATCH_NORMS = _overloads("_native_batch_norm_legit_no_training.default", "_native_batch_norm_legit.default",
                          "native_batch_norm.default")
 CONCATS = _overloads("cat.default", "stack.default")

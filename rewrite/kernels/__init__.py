@@ -87,7 +87,7 @@ class _Loaded:
 _loaded = _Loaded()  # process-wide: kernels loaded by one compiled function serve all
 
 
-_PACKED: dict = {}  # (weight address, shape) -> (weight, packed copy): one packed copy per weight per process
+_PACKED: dict = {}  # (weight address, shape, rows) -> (weight, packed copy): one per weight and row count per process
 
 
 def _packed_weight(mat2: torch.Tensor, rows: int) -> "_Packed":

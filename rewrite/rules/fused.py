@@ -78,7 +78,9 @@ _ACTIVATIONS = {
 }
 # Every kernel backend must run what a rule produces: a post-op without an ATen form in
 # `ops.LINEAR_POST_OPS` (what backends that cannot lower oneDNN's kernel run) is never emitted.
-assert all((attr, alg) in LINEAR_POST_OPS for _, attr, alg in _ACTIVATIONS.values()), "post-op without an ATen form"
+_NO_ATEN_FORM = [name for name, (_, attr, alg) in _ACTIVATIONS.items() if (attr, alg) not in LINEAR_POST_OPS]
+if _NO_ATEN_FORM:
+    raise RuntimeError(f"fused.linear: post-ops {_NO_ATEN_FORM} have no ATen form in ops.LINEAR_POST_OPS")
 
 
 def _linear_rules() -> list:
