@@ -22,7 +22,7 @@ from rewrite.fx_bridge import to_fx
 from rewrite.optimizer import optimize
 from rewrite.report import GraphReport
 from rewrite.testing import assert_equivalent, compare_outputs, fuzz_examples, graph_inputs, graphs, run_graph
-from rewrite.testing.equivalence import compare_tensors
+from rewrite.testing.equivalence import compare_tensors, tolerance
 from rewrite.unit import CompileUnit
 
 EXAMPLES = fuzz_examples(300)
@@ -86,11 +86,30 @@ def _call(fn, inputs):
     return (tuple(got) if isinstance(got, (tuple, list)) else (got,)), args
 
 
-def _same(expected: tuple, actual: tuple, exact: bool) -> str | None:
+def _computed_in(graph, dtype: torch.dtype) -> torch.dtype:
+    """The dtype whose rounding an output of ``dtype`` carries: float32 when the graph computes any float32
+    value (a float64 output may be a float32 tanh cast up, and libmvec's tanhf differs from ATen's by an ulp)."""
+    if dtype == torch.float64 and any(getattr(n.meta, "dtype", None) == torch.float32 for n in graph.nodes):
+        return torch.float32
+    return dtype
+
+
+def _against_eager(expected: tuple, actual: tuple, graph) -> str | None:
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        if isinstance(e, torch.Tensor) and e.dtype.is_floating_point:
+            why = compare_tensors(e, a, exact=False, tol=tolerance(_computed_in(graph, e.dtype)))
+        else:
+            why = compare_outputs((e,), (a,))
+        if why:
+            return f"output {i}: {why}"
+    return compare_outputs(expected, actual) if len(expected) != len(actual) else None
+
+
+def _same(expected: tuple, actual: tuple, exact: bool, graph) -> str | None:
     if exact:
         return compare_outputs(expected, actual, exact=True)
     for i, (e, a) in enumerate(zip(expected, actual)):
-        tol = _KERNEL_TOL.get(e.dtype) if isinstance(e, torch.Tensor) else None
+        tol = _KERNEL_TOL.get(_computed_in(graph, e.dtype)) if isinstance(e, torch.Tensor) else None
         why = compare_tensors(e, a, exact=tol is None, tol=tol) if isinstance(e, torch.Tensor) else \
             compare_outputs((e,), (a,))
         if why:
@@ -129,10 +148,10 @@ def test_random_graphs_compute_the_same_before_and_after_their_tier_up(data):
     for label, got, got_inputs in (("before the tier-up", before, before_inputs),
                                    ("after the tier-up", after, after_inputs),
                                    ("on the plan", steady, steady_inputs)):
-        why = compare_outputs(expected, got) or compare_outputs(expected_inputs, got_inputs)
+        why = _against_eager(expected, got, optimized) or _against_eager(expected_inputs, got_inputs, optimized)
         assert why is None, f"{label}, against eager: {why}{context}"
     for label, got, got_inputs in (("after the tier-up", after, after_inputs), ("on the plan", steady, steady_inputs)):
-        why = _same(before, got, exact=natives == 0) or compare_outputs(before_inputs, got_inputs, exact=natives == 0)
+        why = _same(before, got, natives == 0, optimized) or _same(before_inputs, got_inputs, natives == 0, optimized)
         assert why is None, f"{label} ({natives} static kernels), against the ATen code before it: {why}{context}"
     why = compare_outputs(after, steady, exact=True)
     assert why is None, f"the plan's second call differs from its first: {why}{context}"
