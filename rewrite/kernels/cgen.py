@@ -228,10 +228,6 @@ def _pow_scalar(e, raw, T):
     return f"{_fn('pow', T)}({x}, {e['exponent']})"
 
 
-def _nan_bound(raw, names) -> bool:
-    return any(isinstance(v := value_of(raw.get(n)), float) and math.isnan(v) for n in names)
-
-
 def _clamp(x, lo, hi):
     """ATen's clamp: max(lo, x) then min(hi, .), ties and a NaN x give x (so clamp(-0.0, min=0) is -0.0)."""
     out = x
@@ -240,6 +236,20 @@ def _clamp(x, lo, hi):
     if hi is not None:
         out = f"({out} > {hi} ? {hi} : {out})"
     return f"({x} != {x} ? {x} : {out})"
+
+
+def _clamp_op(lo: str | None, hi: str | None) -> tuple:
+    """A clamp-like op's entry (operand names, build), its bounds named ``lo`` and ``hi`` (None: absent).
+    A NaN bound makes ATen fill the whole result with NaN (clamp_out and friends; hardtanh is a clamp);
+    comparing with it would leave every element as it is."""
+    bounds = tuple(n for n in (lo, hi) if n)
+
+    def build(e, raw, T):
+        if any(isinstance(v := value_of(raw.get(n)), float) and math.isnan(v) for n in bounds):
+            return f"(({T})NAN)"
+        return _clamp(e["self"], *(e[n] if n and raw[n] is not None else None for n in (lo, hi)))
+
+    return (("self", *bounds), build)
 
 
 def _maxmin(e, op):
@@ -263,17 +273,10 @@ _POINTWISE: dict = {
     "aten.gelu.default": (("self", "approximate"), _gelu),
     "aten.pow.Tensor_Scalar": (("self", "exponent"), _pow_scalar),
     "aten.pow.Tensor_Tensor": (("self", "exponent"), lambda e, raw, T: f"{_fn('pow', T)}({e['self']}, {e['exponent']})"),
-    # A NaN bound makes ATen fill the whole result with NaN (clamp_out and friends; hardtanh is a clamp);
-    # comparing with it would leave every element as it is.
-    "aten.clamp.default": (("self", "min", "max"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(
-        raw, ("min", "max")) else _clamp(e["self"], None if raw["min"] is None else e["min"],
-                                         None if raw["max"] is None else e["max"])),
-    "aten.clamp_min.default": (("self", "min"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(raw, ("min",)) else
-                               _clamp(e["self"], e["min"], None)),
-    "aten.clamp_max.default": (("self", "max"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(raw, ("max",)) else
-                               _clamp(e["self"], None, e["max"])),
-    "aten.hardtanh.default": (("self", "min_val", "max_val"), lambda e, raw, T: f"(({T})NAN)" if _nan_bound(
-        raw, ("min_val", "max_val")) else _clamp(e["self"], e["min_val"], e["max_val"])),
+    "aten.clamp.default": _clamp_op("min", "max"),
+    "aten.clamp_min.default": _clamp_op("min", None),
+    "aten.clamp_max.default": _clamp_op(None, "max"),
+    "aten.hardtanh.default": _clamp_op("min_val", "max_val"),
     "aten.leaky_relu.default": (("self", "negative_slope"), lambda e, raw, T: (
         f"({e['self']} > 0 ? {e['self']} : {e['self']} * {e['negative_slope']})")),
     "aten.maximum.default": (("self", "other"), lambda e, raw, T: _maxmin(e, ">")),
