@@ -3,10 +3,10 @@
 Pipeline of one graph (see DESIGN.md):
     [post_grad_custom_pre_pass] -> from_fx -> stream scopes become node attributes -> freeze weights (optional)
     -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary) -> [post_grad_custom_post_pass]
-    -> gears (one static graph per gear, re-optimized) -> build_executable (codegen / Inductor /
-    stream scheduler; in reduce-overhead mode each gear gets an execution plan or a CUDA graph, in the
-    default mode static CPU inference gears tier up to a plan after their first calls, see
-    rewrite.exec.program) -> a boxed callable that AOTAutograd and Dynamo run (inference graphs
+    -> rewrite.pipeline, shared with the loader: gears (one static graph per gear, re-optimized) ->
+    build_executable (codegen / Inductor / stream scheduler; the unit's execution policy, rewrite.policy:
+    in reduce-overhead mode each gear gets an execution plan or a CUDA graph, in the default mode static
+    CPU inference gears tier up to a plan after their first calls) -> a boxed callable that AOTAutograd and Dynamo run (inference graphs
     that need nothing of AOTAutograd's runtime wrapper skip it in every mode, see exec.direct).
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .dump import dump_graph
 from .fx_bridge import dynamo_input_names
 from .ir import Graph
 from .optimizer import optimize
+from .pipeline import build_callable
 from .report import CompileReport
 from .scope import annotate_streams
 from .shape.size_inputs import read_sizes_from_tensors
@@ -168,21 +169,8 @@ class RewriteBackend:
         rep.ops_after = graph.op_counts()
         dump_graph(graph, unit, "after")
 
-        # reduce-overhead (and the default mode's tier-up): the gears of this graph share one memory
-        # pool and one static-kernel build.
-        program = rexec.program_for(unit)
-
-        def build_static(g: Graph):
-            return rexec.build_executable(g, unit, program=program)
-
-        if graph.is_static():
-            with rep.stage("codegen"):
-                fn = build_static(graph)
-        else:
-            fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static, gear_graphs=gear_graphs)
-        if program is not None:
-            with rep.stage("plan"):
-                program.finalize()
+        # One assembly with the loader's (rewrite.pipeline): the unit's policy decides how the gears run.
+        fn = build_callable(graph, unit, gear_spec, gear_graphs)
         if entry is not None and cached is None:
             with rep.stage("cache"):
                 entry.store(graph, gear_graphs, rep.ops_before)

@@ -9,7 +9,10 @@ import copy
 import math
 from typing import Any
 
-__all__ = ["CompilerConfig", "ConfigError"]
+__all__ = ["CompilerConfig", "ConfigError", "REDUCE_OVERHEAD_MODES", "is_reduce_overhead"]
+
+# The mode names that mean reduce-overhead (TorchAir's npugraph_ex is reduce-overhead under another name).
+REDUCE_OVERHEAD_MODES = ("reduce-overhead", "npugraph_ex")
 
 
 class ConfigError(ValueError):
@@ -266,7 +269,7 @@ class CacheConfig(_Section):
 class CompilerConfig(_Section):
     """All options of the `rewrite` backend. Unknown fields raise `ConfigError`."""
 
-    mode = _Choice("max-autotune", ("max-autotune", "reduce-overhead", "npugraph_ex"))
+    mode = _Choice("max-autotune", ("max-autotune", *REDUCE_OVERHEAD_MODES))
     # User FX passes run on each AOT graph before / after the built-in ones (TorchAir and Inductor
     # spelling): ``fn(graph_module, example_inputs, config)``, mutating the GraphModule in place.
     post_grad_custom_pre_pass = _Callable()
@@ -279,3 +282,8 @@ class CompilerConfig(_Section):
     rules = RulesConfig
     experimental_config = ExperimentalConfig
     cache = CacheConfig
+
+
+def is_reduce_overhead(config: CompilerConfig) -> bool:
+    """Whether ``config.mode`` is reduce-overhead under any of its names: the one place mode names are compared."""
+    return config.mode in REDUCE_OVERHEAD_MODES

@@ -1,5 +1,8 @@
 """`config.debug.graph_dump`: write graphs as readable files (txt, pbtxt, py).
 
+The driver (`rewrite.backend`, `rewrite.pipeline`, `rewrite.gears`) calls `dump_graph` at its stage
+boundaries; the executors never do, they leave what a dump shows in node attributes.
+
 File names carry the compile unit's number, the graph's name, the rank and the pid, so dumps from
 several processes and several graphs of one model never overwrite each other. Files are written atomically.
 """
@@ -11,6 +14,7 @@ import os
 
 import torch
 
+from .exec.codegen import generate_source
 from .ir import Graph, Node, format_arg, format_meta, format_value
 from .unit import CompileUnit
 from .utils import atomic_write_text
@@ -62,8 +66,6 @@ def graph_to_py(g: Graph, source: str | None = None) -> str:
     ``source``: the code an executable of ``g`` runs (a multi-stream graph's per-stream code, waits
     included), shown instead of the single-stream code generated here.
     """
-    from .exec.codegen import generate_source
-
     src = source or generate_source(g)[0]
     header = [f"# input %{p.name}: {format_meta(p.meta)}" for p in g.placeholders]
     # Every node with its dtype and (symbolic) shape, and those of what it reads (TorchAir's

@@ -9,12 +9,16 @@ static graph is named after its gear values, and dump files name both.
 
 A graph built outside the backend (a loaded export, a graph built by hand in a test) belongs to a
 detached unit: number 0, kind "inference".
+
+The unit's execution policy (`rewrite.policy`) is resolved from its config and kind once, when the
+unit is made: every stage after it reads the policy, none reads the mode from the config again.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from .config import CompilerConfig
+from .policy import ExecutionPolicy, resolve_policy
 from .report import CompileReport, GraphReport
 
 __all__ = ["CompileUnit", "KINDS", "as_unit"]
@@ -30,10 +34,12 @@ class CompileUnit:
     config: CompilerConfig
     report: GraphReport | None = None  # where stages count what they did and leave notes (None: log only)
     weights: tuple = ()  # indices of graph inputs that are the model's parameters and buffers (in place across calls)
+    policy: ExecutionPolicy = dataclasses.field(init=False, compare=False)  # how its graphs run, from config and kind
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"compile unit {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        object.__setattr__(self, "policy", resolve_policy(self.config, self.kind))  # frozen: set once, here
 
     @classmethod
     def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport,

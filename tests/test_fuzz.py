@@ -134,7 +134,7 @@ def test_random_graphs_compute_the_same_before_and_after_their_tier_up(data):
     config.exec.tier_up_calls = 1
     report = GraphReport("fuzz")
     optimized = optimize(graph, config, report)
-    program = PlannedProgram(CompileUnit.detached("fuzz", config, report), tier_up_calls=1)
+    program = PlannedProgram(CompileUnit.detached("fuzz", config, report))
     plain = compile_graph_to_python(optimized)
     gear = program.executable(optimized, plain, plannable=True)
 

@@ -219,7 +219,7 @@ def test_graphs_with_effects_outside_them_do_not_tier_up():
         g.set_output((y,))
         return g
 
-    program = PlannedProgram(CompileUnit.detached("g", rewrite.CompilerConfig()), tier_up_calls=1)
+    program = PlannedProgram(CompileUnit.detached("g", rewrite.CompilerConfig()))
     plain = lambda x: (x * 2,)  # noqa: E731
     assert program.executable(graph(effect=True), plain, plannable=True) is plain
     assert program.executable(graph(effect=False), plain, plannable=True) is not plain

@@ -20,20 +20,22 @@ import os
 import torch
 
 from ..config import ConfigError
-from ..dump import dump_graph
 from ..ir import Graph
+from ..policy import resolve_policy
 from ..unit import CompileUnit, as_unit
 from .codegen import compile_graph_to_python
 from .direct import direct_call
-from .program import REDUCE_OVERHEAD_MODES, PlannedProgram, device_of, program_for
+from .program import PlannedProgram, device_of, program_for
 from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
 
 log = logging.getLogger("rewrite")
 
 __all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for", "PlannedProgram",
-           "REDUCE_OVERHEAD_MODES", "direct_call", "program_for"]
+           "STREAM_CODE", "direct_call", "program_for"]
 
 DYNAMIC_MULTI_STREAM_ENV = "REWRITE_DYNAMIC_SHAPE_MULTI_STREAM"
+# The output node's attribute holding a multi-stream graph's generated per-stream code, for graph dumps.
+STREAM_CODE = "stream_code"
 
 
 def check_config(config) -> None:
@@ -53,8 +55,10 @@ def _note(report, msg: str) -> None:
         report.notes.append(msg)
 
 
-def stream_plan_for(graph: Graph, config, report=None) -> StreamPlan | None:
-    """The multi-stream plan of ``graph``, or None when it runs on one stream (see module doc)."""
+def stream_plan_for(graph: Graph, config, report=None, policy=None) -> StreamPlan | None:
+    """The multi-stream plan of ``graph``, or None when it runs on one stream (see module doc).
+
+    ``policy``: the graph's `ExecutionPolicy` (default: resolved from ``config``)."""
     annotated = any(n.attrs.get("stream") is not None for n in graph.nodes)
     if not annotated and not config.exec.auto_streams:
         return None
@@ -64,7 +68,7 @@ def stream_plan_for(graph: Graph, config, report=None) -> StreamPlan | None:
         _note(report, f"graph {graph.name} has dynamic shapes: runs on one stream "
                       f"(set {DYNAMIC_MULTI_STREAM_ENV}=1 for multi-stream)")
         return None
-    if config.exec.kernels == "inductor":
+    if (policy or resolve_policy(config)).kernels == "inductor":
         _note(report, f"graph {graph.name}: exec.kernels = 'inductor' runs the graph on one stream; "
                       "stream scopes only order it")
         return None
@@ -81,8 +85,9 @@ def stream_plan_for(graph: Graph, config, report=None) -> StreamPlan | None:
     return plan
 
 
-def _record_syncs(plan: StreamPlan) -> None:
-    """Write the plan into node attributes, so graph dumps show every stream and synchronisation."""
+def _record_syncs(plan: StreamPlan, code: str) -> None:
+    """Write the plan and the code generated for it into node attributes, so graph dumps show every
+    stream and synchronisation (the driver dumps the graph once it is built)."""
     for n in plan.order:
         tag = plan.streams[plan.stream_of[n.id]]
         if tag is not None:
@@ -96,6 +101,7 @@ def _record_syncs(plan: StreamPlan) -> None:
     out_syncs = [f"wait %{p.name} on stream {plan.tag(p)}" for p in plan.output_waits]
     if out_syncs:
         out.attrs["syncs"] = out_syncs
+    out.attrs[STREAM_CODE] = code
 
 
 def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None):
@@ -107,13 +113,12 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
     plan, in the default mode static CPU graphs tier up to one after their first calls.
     """
     unit = as_unit(unit, graph.name, report)
-    config, report = unit.config, unit.report
+    config, report, policy = unit.config, unit.report, unit.policy
     waits = resolve_waits(graph)
     if waits:  # a cycle is an error whichever way the graph runs
         order_with_waits(graph, waits)
-    plan = stream_plan_for(graph, config, report)
+    plan = stream_plan_for(graph, config, report, policy)
     if plan is not None:
-        _record_syncs(plan)
         if report is not None:
             report.count("streams", len(plan.streams))
             report.count("stream_syncs", plan.num_syncs)
@@ -127,12 +132,11 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
 
             threads = config.exec.stream_intra_op_threads or max(1, torch.get_num_threads() // len(plan.streams))
             fn = compile_cpu_streams(plan, config.exec.stream_timeout_s, threads)
-        # The py dump shows the code the scheduler generated per stream, waits included.
-        dump_graph(graph, unit, "streams", source=fn.__rewrite_source__)
+        _record_syncs(plan, fn.__rewrite_source__)
         log.info("graph %s: %d streams, %d synchronisations\n%s", graph.name, len(plan.streams),
                  plan.num_syncs, plan.describe())
         return fn if program is None else program.executable(graph, fn, plannable=False)
-    if config.exec.kernels == "inductor" or (program is not None and program.wants_inductor(graph)):
+    if policy.inductor_kernels_on(device_of(graph).type):
         from .inductor import compile_with_inductor
 
         fn = compile_with_inductor(graph)

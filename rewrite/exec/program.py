@@ -17,7 +17,7 @@ A graph whose run cannot be observed at compile time (an op that refuses zeros, 
 its first call, on the caller's inputs. A graph that cannot be planned (it writes to an
 intermediate) runs its plain code; the report says so.
 
-The default mode tiers up instead (`program_for`, ``config.exec.tier_up_calls``): a static CPU graph
+The default mode tiers up instead (`rewrite.policy`, ``config.exec.tier_up_calls``): a static CPU graph
 runs its ATen code for its first calls, so a graph called once or twice never pays for a C
 compile, and the call after them plans it on that call's inputs and builds its static kernels
 (into ``$XDG_CACHE_HOME/rewrite/kernels`` unless the build dir is configured), as reduce-overhead
@@ -44,10 +44,7 @@ from .planned import PlannedExecutable
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["PlannedProgram", "REDUCE_OVERHEAD_MODES", "device_of", "program_for", "tier_up_program",
-           "tier_up_build_dir"]
-
-REDUCE_OVERHEAD_MODES = ("reduce-overhead", "npugraph_ex")
+__all__ = ["PlannedProgram", "device_of", "program_for", "tier_up_build_dir"]
 
 
 def device_of(graph: Graph) -> torch.device:
@@ -60,21 +57,9 @@ def device_of(graph: Graph) -> torch.device:
 
 
 def program_for(unit: CompileUnit) -> "PlannedProgram | None":
-    """The `PlannedProgram` of one compiled function: reduce-overhead plans every static graph, the
-    default mode tiers static CPU inference graphs up (``config.exec.tier_up_calls``); None: neither applies."""
-    if unit.config.mode in REDUCE_OVERHEAD_MODES:
-        return PlannedProgram(unit)
-    return tier_up_program(unit)
-
-
-def tier_up_program(unit: CompileUnit) -> "PlannedProgram | None":
-    """The default mode's tier-up (module doc) for ``unit``'s graphs; None where it does not apply."""
-    config = unit.config
-    # Inference graphs only: training graphs hand saved activations to their backward graph, a
-    # pattern the plans have had far less use with; they keep their ATen code in the default mode.
-    if config.exec.tier_up_calls and config.exec.kernels == "aten" and unit.kind == "inference":
-        return PlannedProgram(unit, tier_up_calls=config.exec.tier_up_calls)
-    return None
+    """The `PlannedProgram` of one compiled function when its policy plans graphs (reduce-overhead, or
+    the default mode's tier-up); None: its graphs run as built."""
+    return PlannedProgram(unit) if unit.policy.planned else None
 
 
 def tier_up_build_dir() -> str:
@@ -129,7 +114,7 @@ class _Gear:
     def _first_call(self, args):
         with self.program.lock:  # gears of one function share their kernels' build
             if self.run is None:
-                if self.program.tiered:
+                if self.program.policy.tiers_up:
                     self.program.tier_up(self, args)
                 else:
                     self._plan_on(args)
@@ -143,32 +128,23 @@ class _Gear:
 
 
 class PlannedProgram:
-    """The shared state of one compiled function's gears in reduce-overhead mode, or in the default
-    mode once they tier up (``tier_up_calls`` > 0: that many plain calls first)."""
+    """The shared state of one compiled function's gears under a policy that plans them (``unit.policy``:
+    reduce-overhead plans them when they are built, the default mode when they tier up)."""
 
-    def __init__(self, unit: CompileUnit, tier_up_calls: int = 0):
+    def __init__(self, unit: CompileUnit):
         self.unit = unit
         self.config = unit.config
+        self.policy = unit.policy
         self.pool = ArenaPool("cpu")
         self.gears: list[_Gear] = []
         self.kernels = None  # rewrite.kernels.StaticKernels, made on the first CPU gear
         self.cuda = None  # cuda_graphs.CudaGraphs, made on the first CUDA gear
-        self.tier_up_calls = tier_up_calls
-        self.static_kernels = self.tiered or bool(self.config.experimental_config.aclgraph._aclnn_static_shape_kernel)
+        self.static_kernels = self.policy.static_kernels  # turned off when a tier-up cannot have them
         self.lock = threading.Lock()
-
-    @property
-    def tiered(self) -> bool:
-        """The default mode's tier-up (gears are planned after plain calls), not reduce-overhead."""
-        return self.tier_up_calls > 0
-
-    def wants_inductor(self, graph: Graph) -> bool:
-        """CUDA static kernels are Inductor's Triton kernels, compiled per gear with its sizes."""
-        return self.static_kernels and not self.tiered and device_of(graph).type == "cuda"
 
     def executable(self, graph: Graph, fn, plannable: bool):
         """The callable of static graph ``graph`` (one gear), given the callable ``fn`` built for it."""
-        if self.tiered:
+        if self.policy.tiers_up:
             return self._tiered(graph, fn, plannable)
         device = device_of(graph)
         if device.type == "cuda":
@@ -198,7 +174,7 @@ class PlannedProgram:
         if why is not None:
             log.debug("graph %s does not tier up: %s", graph.name, why)
             return fn
-        gear = _Gear(self, graph, fn, cold_calls=self.tier_up_calls)
+        gear = _Gear(self, graph, fn, cold_calls=self.policy.tier_up_calls)
         self.gears.append(gear)
         return gear
 
@@ -207,7 +183,7 @@ class PlannedProgram:
         try:
             gear._plan_on(args)
             self.materialize([gear])
-            self._note(f"graph {gear.graph.name} tiered up after {self.tier_up_calls} calls: planned memory, "
+            self._note(f"graph {gear.graph.name} tiered up after {self.policy.tier_up_calls} calls: planned memory, "
                        f"{sum(p.kind == 'native' for p in gear.plan.nodes.values())} ops on static kernels")
         except Exception as e:  # noqa: BLE001 - the plain code is always correct; say why it stays
             self._note(f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})")
@@ -224,7 +200,7 @@ class PlannedProgram:
         if self.kernels is None and self.static_kernels:
             from ..kernels import StaticKernelError, StaticKernels
 
-            if not self.tiered:
+            if not self.policy.kernels_optional:
                 self.kernels = StaticKernels(self.config, self.unit)
             else:
                 try:
@@ -241,7 +217,7 @@ class PlannedProgram:
         obs = observe(graph, inputs)
         kernels = self._static_kernels()
         gear.plan = make_plan(graph, obs, "cpu", native=kernels.decide if kernels is not None else None)
-        if kernels is not None and not self.tiered:  # the seed's per-op records belong to reduce-overhead
+        if kernels is not None and self.policy.records_signatures:
             kernels.record(graph, obs, gear.plan)
         self._note(describe(gear.plan))
 

@@ -20,7 +20,7 @@ import time
 import sympy
 import torch
 
-from .. import exec as rexec
+from ..pipeline import build_callable
 from ..config import CompilerConfig
 from ..fx_bridge import CompileError
 from ..gears import GearError
@@ -153,21 +153,10 @@ class ExportedModel:
     # -- building ------------------------------------------------------------------------------
     def _build(self):
         unit = CompileUnit.detached(self.graph.name, self.config, self.report)
-        # As a compiled model: reduce-overhead plans every gear now, the default mode tiers up later.
-        program = rexec.program_for(unit)
-
-        def build_static(g: Graph):
-            return rexec.build_executable(g, unit, program=program)
-
-        if self._gears is not None and self.use_gears:
-            from .. import gears as rgears
-
-            fn = rgears.compile_dynamic(self.graph, self._gears, unit, build_static, gear_graphs=self.gear_graphs)
-        else:
-            fn = build_static(self.graph)
-        if program is not None:
-            program.finalize()
-        return fn
+        # As a compiled model (one assembly, rewrite.pipeline): reduce-overhead plans every gear now,
+        # the default mode tiers up later.
+        gears = self._gears if self.use_gears else None
+        return build_callable(self.graph, unit, gears, self.gear_graphs)
 
     def _input_checks(self):
         checks = []

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..config import ConfigError
+from ..config import REDUCE_OVERHEAD_MODES, ConfigError, is_reduce_overhead
 from ..ir import Node
 from ..ops import target_name
 from . import artifact, cgen, compiler, signature
@@ -49,9 +49,7 @@ def check_config(config) -> None:
     """Checks made when the backend is created, before any compile: mode, LOCAL_WORLD_SIZE, build dir."""
     if not config.experimental_config.aclgraph._aclnn_static_shape_kernel:
         return
-    from ..exec.program import REDUCE_OVERHEAD_MODES
-
-    if config.mode not in REDUCE_OVERHEAD_MODES:
+    if not is_reduce_overhead(config):
         raise ConfigError("config.experimental_config.aclgraph._aclnn_static_shape_kernel = True needs "
                           f"config.mode in {list(REDUCE_OVERHEAD_MODES)} (static kernels belong to reduce-overhead "
                           f"mode), got {config.mode!r}")
