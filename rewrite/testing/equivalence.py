@@ -108,7 +108,7 @@ def describe_inputs(inputs, names: Sequence[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _storage(value) -> int | None:
+def storage_address(value) -> int | None:
     """The address of a tensor's memory; None for an empty tensor or a non-tensor (they share nothing)."""
     if isinstance(value, torch.Tensor) and value.numel():
         return value.untyped_storage().data_ptr()
@@ -117,9 +117,9 @@ def _storage(value) -> int | None:
 
 def input_aliases(outputs, inputs) -> list[int | None]:
     """For each output, the index of the input whose storage it shares, or None."""
-    ptrs = {_storage(t): i for i, t in enumerate(inputs)}
+    ptrs = {storage_address(t): i for i, t in enumerate(inputs)}
     ptrs.pop(None, None)
-    return [ptrs.get(_storage(o)) for o in outputs]
+    return [ptrs.get(storage_address(o)) for o in outputs]
 
 
 def _check_pair(before: Graph, after: Graph, inputs, exact: bool, check_aliasing: bool) -> str | None:

@@ -52,7 +52,7 @@ from hypothesis import strategies as st
 from ..ops import dtype_str
 from ..user_passes import apply_fx_pass, takes_graph
 from .dynamic import SizeConstraints
-from .equivalence import _storage, compare_tensors, describe_inputs, tolerance
+from .equivalence import compare_tensors, describe_inputs, storage_address, tolerance
 from .fx_graphs import (
     GRAPH_DTYPES, SIZES_PER_GRAPH, FxCase, case_inputs, case_sizes, decomposition_table, fx_cases, select_ops,
 )
@@ -130,11 +130,11 @@ def _execute(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> _Run:
     outputs = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     owners: dict[int, Any] = {}
     for name, value in _module_constants(gm):
-        owners.setdefault(_storage(value), ("constant", name))
+        owners.setdefault(storage_address(value), ("constant", name))
     for i, t in enumerate(args):
-        owners[_storage(t)] = ("input", i)
+        owners[storage_address(t)] = ("input", i)
     owners.pop(None, None)
-    storages = [_storage(o) for o in outputs]
+    storages = [storage_address(o) for o in outputs]
     shared = [tuple(j for j, s in enumerate(storages) if j != i and s is not None and s == mine)
               for i, mine in enumerate(storages)]
     return _Run(outputs, args, [t._version != v for t, v in zip(args, versions)],
