@@ -55,7 +55,7 @@ def _note(report, msg: str) -> None:
 
 def stream_plan_for(graph: Graph, config, report=None) -> StreamPlan | None:
     """The multi-stream plan of ``graph``, or None when it runs on one stream (see module doc)."""
-    annotated = any(n.attrs.get("stream") is not None for n in graph.nodes)
+    annotated = any(n.stream is not None for n in graph.nodes)
     if not annotated and not config.exec.auto_streams:
         return None
     if config.ge_config.enable_single_stream:
@@ -86,7 +86,7 @@ def _record_syncs(plan: StreamPlan) -> None:
     for n in plan.order:
         tag = plan.streams[plan.stream_of[n.id]]
         if tag is not None:
-            n.attrs["stream"] = tag
+            n.stream = tag
         syncs = [f"wait %{p.name} on stream {plan.tag(p)}" for p in plan.waits_before.get(n.id, ())]
         if n.id in plan.signalled:
             syncs.append(f"record event for stream(s) waiting on %{n.name}")
