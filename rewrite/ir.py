@@ -14,11 +14,12 @@ A `Graph` is a list of `Node`s in topological order. Each node has
   expression over the graph's size symbols), a tuple of those for multi-output ops, or None;
 * ``waits``: control edges (``rewrite.scope.wait_tensor``): nodes that must have run before this
   one, though it reads none of their values. Pruning, copying, topological order and the e-graph
-  honour them like data edges (`Node.deps` is both kinds);
+  honour them like data edges (`Node.deps` is both kinds; `rewrite.waits` orders a graph by both);
 * ``stream``: the tag of the stream the node runs on (``rewrite.scope.stream_switch``), or None
   for the caller's stream. Like ``value``, it is a property over its attribute (``attrs["stream"]``,
-  also its name in the export format), so every copy of ``attrs`` carries it; rewrite reads and
-  writes it through the property only;
+  its name in the export format and in user passes' view of attrs), so whatever copies ``attrs``
+  (cloning, the FX round trip, the file format) carries it; rewrite reads and writes it through
+  the property only;
 * ``attrs``: everything else a pass wants to keep with the node (its module path, its placeholder
   name, its constant value, the stream's priority).
 
