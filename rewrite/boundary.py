@@ -62,12 +62,11 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
         key = (n.id, o.id)
         if key not in clones:
             anchor = next(m for m in after.nodes[after.nodes.index(n) + 1:] if m.kind != "placeholder")
-            attrs = {"stream": n.attrs["stream"]} if "stream" in n.attrs else {}
             # A view of an input that was a view before too: AOTAutograd rebuilds such an output
             # from the input with the returned tensor's sizes, strides and offset, so the second
             # position gets its own view of the same memory (a clone's offset would be 0).
             fresh = torch.ops.aten.alias.default if is_view and was_view else torch.ops.aten.clone.default
-            clones[key] = after.call(fresh, (n,), meta=n.meta, attrs=attrs, before=anchor)
+            clones[key] = after.call(fresh, (n,), meta=n.meta, before=anchor, stream=n.stream)
         chosen[i] = clones[key]
     if chosen:
         position = iter(range(len(new)))

@@ -45,8 +45,8 @@ def graph_to_pbtxt(g: Graph) -> str:
         for w in n.waits:
             lines.append(f'    input: "^{w.name}"  # control edge: waits for {w.name}')
         lines.append(f'    output_desc {{ meta: "{format_meta(n.meta)}" }}')
-        if n.attrs.get("stream") is not None:
-            lines.append(f'    attr {{ key: "_stream" value {{ s: "{n.attrs["stream"]}" }} }}')
+        if n.stream is not None:
+            lines.append(f'    attr {{ key: "_stream" value {{ s: "{n.stream}" }} }}')
         if n.kind == "constant":
             lines.append(f'    attr {{ key: "value" value {{ s: "{format_value(n.value)}" }} }}')
         if n.kind == "call":
@@ -88,11 +88,11 @@ def graph_to_txt(g: Graph) -> str:
     """The printed graph, then each node's stream and synchronisations when streams were planned."""
     lines = [str(g)]
     syncs = [n for n in g.nodes if n.attrs.get("syncs")]
-    if syncs or any(n.attrs.get("stream") is not None for n in g.nodes):
+    if syncs or any(n.stream is not None for n in g.nodes):
         lines.append("# streams and synchronisation")
         for n in g.nodes:
             if n.kind in ("call", "output"):
-                stream = n.attrs.get("stream")
+                stream = n.stream
                 lines.append(f"#   %{n.name}: stream {'default' if stream is None else repr(stream)}"
                              + "".join(f"; {s}" for s in n.attrs.get("syncs", ())))
     return "\n".join(lines) + "\n"

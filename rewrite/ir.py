@@ -14,9 +14,14 @@ A `Graph` is a list of `Node`s in topological order. Each node has
   expression over the graph's size symbols), a tuple of those for multi-output ops, or None;
 * ``waits``: control edges (``rewrite.scope.wait_tensor``): nodes that must have run before this
   one, though it reads none of their values. Pruning, copying, topological order and the e-graph
-  honour them like data edges (`Node.deps` is both kinds);
-* ``attrs``: everything else a pass wants to keep with the node (its stream, its module path, its
-  placeholder name, its constant value).
+  honour them like data edges (`Node.deps` is both kinds; `rewrite.waits` orders a graph by both);
+* ``stream``: the tag of the stream the node runs on (``rewrite.scope.stream_switch``), or None
+  for the caller's stream. Like ``value``, it is a property over its attribute (``attrs["stream"]``,
+  its name in the export format and in user passes' view of attrs), so whatever copies ``attrs``
+  (cloning, the FX round trip, the file format) carries it; rewrite reads and writes it through
+  the property only;
+* ``attrs``: everything else a pass wants to keep with the node (its module path, its placeholder
+  name, its constant value, the stream's priority).
 
 The graph also owns its size symbols: for each sympy symbol, where it can be read off the inputs
 (input index, dimension) and its known range.
@@ -132,7 +137,8 @@ _ids = itertools.count()
 class Node:
     __slots__ = ("kind", "target", "args", "kwargs", "meta", "attrs", "waits", "name", "graph", "id")
 
-    def __init__(self, kind: str, target=None, args=(), kwargs=None, meta=None, attrs=None, name=None, waits=()):
+    def __init__(self, kind: str, target=None, args=(), kwargs=None, meta=None, attrs=None, name=None, waits=(),
+                 stream: str | None = None):
         assert kind in ("placeholder", "constant", "call", "output"), kind
         self.kind = kind
         self.target = target
@@ -141,6 +147,8 @@ class Node:
         self.meta = meta
         self.attrs = dict(attrs or {})
         self.waits: tuple[Node, ...] = tuple(waits)
+        if stream is not None:  # None: the tag ``attrs`` carries, if any
+            self.stream = stream
         self.id = next(_ids)
         self.name = name or f"n{self.id}"
         self.graph: Graph | None = None
@@ -167,6 +175,18 @@ class Node:
     @property
     def value(self):
         return self.attrs.get("value")
+
+    @property
+    def stream(self) -> str | None:
+        """The node's stream tag; None: the default stream (the caller's)."""
+        return self.attrs.get("stream")
+
+    @stream.setter
+    def stream(self, tag: str | None) -> None:
+        if tag is None:
+            self.attrs.pop("stream", None)
+        else:
+            self.attrs["stream"] = tag
 
     @property
     def op(self) -> str:
@@ -318,8 +338,8 @@ class Graph:
         return self.add(Node("constant", meta=meta, attrs={"value": value}), before=before)
 
     def call(self, target, args=(), kwargs=None, meta=None, attrs=None, before: Node | None = None,
-             waits=()) -> Node:
-        return self.add(Node("call", target, args, kwargs, meta, attrs, waits=waits), before=before)
+             waits=(), stream: str | None = None) -> Node:
+        return self.add(Node("call", target, args, kwargs, meta, attrs, waits=waits, stream=stream), before=before)
 
     def set_output(self, values) -> Node:
         for n in list(self.nodes):
@@ -564,8 +584,8 @@ def format_graph(g: Graph, indent: str = "") -> str:
     lines = [f"{indent}graph {g.name}(" + ", ".join(f"%{p.name}: {format_meta(p.meta)}" for p in g.placeholders) + "):"]
     for n in g.nodes:
         extra = ""
-        if n.attrs.get("stream") not in (None, "0", 0):
-            extra += f"  # stream={n.attrs['stream']}"
+        if n.stream not in (None, "0", 0):
+            extra += f"  # stream={n.stream}"
         if n.waits:
             extra += f"  # waits for {', '.join('%' + w.name for w in n.waits)}"
         if n.kind == "placeholder":

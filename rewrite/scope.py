@@ -16,7 +16,7 @@ elimination drops them. In eager mode they do nothing, so an annotated model sti
 
 Right after IR import, `annotate_streams` turns the markers into node attributes and removes them:
 
-* ``attrs["stream"]`` (the tag) and ``attrs["stream_priority"]`` on every node issued inside a scope;
+* ``node.stream`` (the tag) and ``attrs["stream_priority"]`` on every node issued inside a scope;
   nodes outside any scope carry no tag and run on the default stream;
 * ``node.waits`` (control edges) on each node that reads ``self`` after the ``wait_tensor`` call
   in the same scope: it starts only after every listed node is computed;
@@ -240,7 +240,7 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
         else:
             waits = scopes[-1][2] if scopes else outside_waits
             if scopes:
-                node.attrs["stream"] = scopes[-1][0]
+                node.stream = scopes[-1][0]
                 node.attrs["stream_priority"] = scopes[-1][1]
                 node.attrs["stream_inner_parallel"] = scopes[-1][3]
             for target in queued.pop(current, ()):
@@ -261,7 +261,7 @@ def annotate_streams(graph: Graph, config=None, report=None) -> Graph:
     # a record token read only by the wait markers is gone with them
     read = {i.id for n in graph.nodes for i in n.inputs}
     graph.nodes = [n for n in graph.nodes if not (n.id in tokens and n.id not in read)]
-    tagged = sum(1 for n in graph.nodes if n.attrs.get("stream") is not None)
+    tagged = sum(1 for n in graph.nodes if n.stream is not None)
     waits = sum(len(n.waits) for n in graph.nodes)
     if report is not None:
         report.count("stream_scope_nodes", tagged)

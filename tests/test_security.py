@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rewrite
-from rewrite.exec.streams import StreamCycleError
+from rewrite.waits import StreamCycleError
 from rewrite.export import ExportError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,8 @@ import rewrite
 import rewrite.scope as scope
 from rewrite.exec import build_executable
 from rewrite.exec import workers
-from rewrite.exec.streams import StreamCycleError, plan_streams
+from rewrite.exec.streams import plan_streams
+from rewrite.waits import StreamCycleError
 from rewrite.ir import Graph, TensorMeta
 
 from conftest import requires_cuda

@@ -220,7 +220,7 @@ class Loader:
             log.debug("e-graph: node %s (%s) kept opaque: %s", node.name, node.op, e)
             return False
         op = self._op_name(node.target)
-        stream = self.tables.stream(node.attrs.get("stream"))
+        stream = self.tables.stream(node.stream)
         key = (op, tuple(refs), stream)
         first = self._seen.setdefault(key, k)
         if first != k:

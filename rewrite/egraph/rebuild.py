@@ -101,10 +101,9 @@ class Rebuilder:
         tag = self.tables.streams.get(stream) if stream else None
         orig = next((o for o in self.originals.get(cls, ())
                      if o.kind == "call" and (o.target is target or target_name(o.target) == op_name)
-                     and o.attrs.get("stream") == tag), None)
-        attrs = dict(orig.attrs) if orig is not None else ({} if tag is None else {"stream": tag})
-        new = Node("call", target, args, kwargs, self.meta(cls, orig), attrs,
-                   name=orig.name if orig is not None else None)
+                     and o.stream == tag), None)
+        new = Node("call", target, args, kwargs, self.meta(cls, orig), orig.attrs if orig is not None else None,
+                   name=orig.name if orig is not None else None, stream=tag)
         return self.emit(new)
 
     def make_pinned(self, cls: str, node: ENode) -> Node:

@@ -23,10 +23,11 @@ from ..config import ConfigError
 from ..ir import Graph
 from ..policy import resolve_policy
 from ..unit import CompileUnit, as_unit
+from ..waits import order_with_waits, resolve_waits
 from .codegen import compile_graph_to_python
 from .direct import direct_call
 from .program import PlannedProgram, device_of, program_for
-from .streams import StreamPlan, order_with_waits, plan_streams, resolve_waits
+from .streams import StreamPlan, plan_streams
 
 log = logging.getLogger("rewrite")
 
@@ -59,7 +60,7 @@ def stream_plan_for(graph: Graph, config, report=None, policy=None) -> StreamPla
     """The multi-stream plan of ``graph``, or None when it runs on one stream (see module doc).
 
     ``policy``: the graph's `ExecutionPolicy` (default: resolved from ``config``)."""
-    annotated = any(n.attrs.get("stream") is not None for n in graph.nodes)
+    annotated = any(n.stream is not None for n in graph.nodes)
     if not annotated and not config.exec.auto_streams:
         return None
     if config.ge_config.enable_single_stream:
@@ -91,7 +92,7 @@ def _record_syncs(plan: StreamPlan, code: str) -> None:
     for n in plan.order:
         tag = plan.streams[plan.stream_of[n.id]]
         if tag is not None:
-            n.attrs["stream"] = tag
+            n.stream = tag
         syncs = [f"wait %{p.name} on stream {plan.tag(p)}" for p in plan.waits_before.get(n.id, ())]
         if n.id in plan.signalled:
             syncs.append(f"record event for stream(s) waiting on %{n.name}")

@@ -16,7 +16,7 @@ import torch
 from ..fx_bridge import CompileError
 from ..ir import Graph, Node
 
-__all__ = ["generate_source", "compile_graph_to_python"]
+__all__ = ["generate_source", "compile_graph_to_python", "Emitter", "safe_name"]
 
 _INLINE_BINARY = {
     operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//",
@@ -25,7 +25,13 @@ _INLINE_BINARY = {
 }
 
 
-class _Emitter:
+class Emitter:
+    """Writes a graph's nodes as Python lines, binding kernels, constants and subgraphs as globals.
+
+    The other code generators (the planned executor, the CPU and CUDA stream schedulers) build
+    their functions with it too, so every generated function names and calls things one way.
+    """
+
     def __init__(self, graph: Graph, subgraph_compiler: Callable[[Graph], Callable], order: list | None = None):
         self.graph = graph
         self.order = graph.nodes if order is None else order  # the graph's nodes, in the order to emit them
@@ -92,7 +98,7 @@ class _Emitter:
             dead = [i for i in n.inputs if last_use.get(i.id) == idx and i.kind == "call"]
             if dead:
                 self.lines.append("del " + ", ".join(self.names[i.id] for i in dead))
-        src = f"def {_safe(g.name)}({', '.join(params)}):\n" + "\n".join("    " + ln for ln in self.lines) + "\n"
+        src = f"def {safe_name(g.name)}({', '.join(params)}):\n" + "\n".join("    " + ln for ln in self.lines) + "\n"
         return src
 
     def call_expr(self, n: Node) -> str:
@@ -107,10 +113,11 @@ class _Emitter:
             return f"(-{args[0]})"
         fn = t._op if isinstance(t, torch._ops.OpOverload) else t
         # Kernel globals are named after the op, so generated code and `py` dumps read well.
-        return f"{self.bind(fn, _safe(n.op) + '_')}({', '.join(args + kwargs)})"
+        return f"{self.bind(fn, safe_name(n.op) + '_')}({', '.join(args + kwargs)})"
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
+    """``name`` as a Python identifier (a graph's function name, a kernel global's prefix)."""
     out = "".join(ch if ch.isalnum() else "_" for ch in name)
     return out if out and not out[0].isdigit() else f"g_{out}"
 
@@ -122,9 +129,11 @@ def generate_source(graph: Graph, subgraph_compiler: Callable[[Graph], Callable]
     ``order``: the graph's nodes in another topological order to emit them in (e.g. one that
     honours wait edges); the graph's own order by default.
     """
-    em = _Emitter(graph, subgraph_compiler or compile_graph_to_python, order)
+    em = Emitter(graph, subgraph_compiler or compile_graph_to_python, order)
     return em.emit(), em.globals
 
+
+_Emitter = Emitter  # its earlier name, which tests patch
 
 _counter = [0]
 
@@ -134,11 +143,11 @@ def compile_graph_to_python(graph: Graph, subgraph_compiler: Callable[[Graph], C
     """Compile a graph into a Python function ``f(*inputs) -> outputs`` (``order``: see `generate_source`)."""
     src, glb = generate_source(graph, subgraph_compiler, order)
     _counter[0] += 1
-    filename = f"<rewrite-generated-{_counter[0]}-{_safe(graph.name)}>"
+    filename = f"<rewrite-generated-{_counter[0]}-{safe_name(graph.name)}>"
     code = compile(src, filename, "exec")
     # Make tracebacks through generated code show the source line.
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(code, glb)
-    fn = glb[_safe(graph.name)]
+    fn = glb[safe_name(graph.name)]
     fn.__rewrite_source__ = src
     return fn

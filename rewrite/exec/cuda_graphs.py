@@ -37,7 +37,7 @@ import torch
 
 from ..ir import Graph
 from .plan import mutated_inputs
-from .stream_cuda import _record_stream
+from .stream_cuda import record_stream
 
 log = logging.getLogger("rewrite")
 
@@ -142,7 +142,7 @@ class CapturedGear:
             # Copied on the graph's stream, before any later replay can overwrite the pool's outputs.
             out = _copy(self.static_outputs)
         caller.wait_stream(g.stream)
-        _record_stream(out, caller)  # made on the graph's stream, used on the caller's
+        record_stream(out, caller)  # made on the graph's stream, used on the caller's
         return out
 
 

@@ -25,7 +25,7 @@ import re
 import torch
 
 from ..ir import Graph, Node, TensorMeta, map_nodes
-from .codegen import _Emitter, _safe, compile_graph_to_python
+from .codegen import Emitter, compile_graph_to_python, safe_name
 from .memory import ArenaPool
 from .plan import ExecutionPlan, out_variant
 
@@ -151,7 +151,7 @@ class PlannedExecutable:
     # -- the per-call function ----------------------------------------------------------------------
     def _generate(self):
         g, plan = self.graph, self.plan
-        em = _Emitter(g, compile_graph_to_python)
+        em = Emitter(g, compile_graph_to_python)
         names: dict[int, str] = {}
         for k, p in enumerate(g.placeholders):
             names[p.id] = f"a{k}"
@@ -198,18 +198,18 @@ class PlannedExecutable:
         if used:
             lines.append(", ".join(f"f{i}" for i in used) + ", = F")
         lines += body
-        fname = _safe(g.name)
+        fname = safe_name(g.name)
         src = f"def {fname}(F, T, {', '.join(params)}):\n" + "".join(f"    {ln}\n" for ln in lines)
         em.globals.update(_FALLBACK=self._fallback, _empty_strided=torch.empty_strided,
                           _NATIVE_ERROR=self._native_error)
-        filename = f"<rewrite-planned-{_safe(g.name)}-{id(self):x}>"
+        filename = f"<rewrite-planned-{safe_name(g.name)}-{id(self):x}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         exec(compile(src, filename, "exec"), em.globals)
         return src, em.globals[fname]
 
     def _out_call(self, i: int, n: Node, em) -> str:
         op, out_names = out_variant(n.target, _device_type(self.graph))
-        fn = em.bind(op._op, _safe(n.op) + "_out_")
+        fn = em.bind(op._op, safe_name(n.op) + "_out_")
         args = [em.render(a) for a in n.args] + [f"{k}={em.render(v)}" for k, v in n.kwargs.items()]
         if len(out_names) == 1:
             args.append(f"{out_names[0]}=f{i}")

@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from ..ir import Graph, Node
-from .codegen import _Emitter, _safe, compile_graph_to_python
+from .codegen import Emitter, compile_graph_to_python, safe_name
 from .streams import StreamPlan
 from .workers import pool
 
@@ -107,7 +107,7 @@ class _StreamEmitter:
 
     def __init__(self, plan: StreamPlan, subgraph_compiler: Callable[[Graph], Callable]):
         self.plan = plan
-        self.em = _Emitter(plan.graph, subgraph_compiler)
+        self.em = Emitter(plan.graph, subgraph_compiler)
         g = plan.graph
         self.params = [f"a{i}" for i in range(len(g.placeholders))]
         self.base_names = {p.id: f"a{i}" for i, p in enumerate(g.placeholders)}
@@ -191,7 +191,7 @@ def compile_cpu_streams(plan: StreamPlan, timeout: float, intra_op_threads: int,
                         subgraph_compiler: Callable[[Graph], Callable] | None = None) -> Callable:
     """A callable running ``plan`` with one thread per stream."""
     se = _StreamEmitter(plan, subgraph_compiler or compile_graph_to_python)
-    base = _safe(plan.graph.name)
+    base = safe_name(plan.graph.name)
     side = [(i, f"{base}_stream{i}") for i in range(1, len(plan.streams))]
     src = "".join(se.side_function(i, name) + "\n" for i, name in side)
     src += se.main_function(base, [name for _, name in side])

@@ -23,19 +23,23 @@ import threading
 import torch
 
 from ..ir import Node
-from .codegen import _Emitter, _safe, compile_graph_to_python
+from .codegen import Emitter, compile_graph_to_python, safe_name
 from .streams import StreamPlan
 
-__all__ = ["compile_cuda_streams"]
+__all__ = ["compile_cuda_streams", "record_stream"]
 
 
-def _record_stream(value, stream) -> None:
+def record_stream(value, stream) -> None:
     """Tell the caching allocator that the tensors in ``value`` (made on another stream) are used on ``stream``."""
     if isinstance(value, torch.Tensor):
         value.record_stream(stream)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _record_stream(v, stream)
+            record_stream(v, stream)
+
+
+# What generated schedules call: looked up here when one is compiled, so a test can watch the calls.
+_record_stream = record_stream
 
 
 _counter = [0]
@@ -44,7 +48,7 @@ _counter = [0]
 def compile_cuda_streams(plan: StreamPlan, device: torch.device):
     """A callable that runs ``plan`` on one CUDA stream per tag (the default tag: the caller's stream)."""
     g = plan.graph
-    em = _Emitter(g, compile_graph_to_python)
+    em = Emitter(g, compile_graph_to_python)
     params = [f"a{i}" for i in range(len(g.placeholders))]
     names = {p.id: f"a{i}" for i, p in enumerate(g.placeholders)}
     for n in g.nodes:
@@ -105,7 +109,7 @@ def compile_cuda_streams(plan: StreamPlan, device: torch.device):
         reads_on(p, 0)
     body.append(f"R = {em.render(g.outputs)}")
 
-    fname = _safe(g.name)
+    fname = safe_name(g.name)
     lines = ["with _lock:",
              "    CUR = _current_stream(_device)",
              "    try:",

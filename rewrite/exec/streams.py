@@ -4,8 +4,8 @@
 (`stream_cuda`) both generate code from the same `StreamPlan`:
 
 * the order: a topological order of the graph in which every wait edge counts as an
-  edge too (a wait that closes a cycle is an error naming the nodes of the cycle);
-* per node, its stream: ``attrs["stream"]`` (a tag) or the default stream (the caller's);
+  edge too (`rewrite.waits`: a wait that closes a cycle is an error naming the nodes of the cycle);
+* per node, its stream: ``node.stream`` (a tag) or the default stream (the caller's);
 * per node, the events its stream waits on before running it: one for every input produced on
   another stream, every waited-for node on another stream and, around ops with side effects
   (in-place writes), the other streams' work before and after them, minus the waits already implied
@@ -16,19 +16,14 @@ Placeholders and constants belong to no stream: they exist before any stream sta
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import operator
 
-from ..fx_bridge import CompileError
 from ..ir import Graph, Node, is_side_effect
+from ..waits import order_with_waits, resolve_waits
 
-__all__ = ["StreamPlan", "plan_streams", "StreamCycleError", "DEFAULT_STREAM", "resolve_waits"]
+__all__ = ["StreamPlan", "plan_streams", "DEFAULT_STREAM"]
 
 DEFAULT_STREAM = None  # the tag of the caller's stream
-
-
-class StreamCycleError(CompileError):
-    """The wait edges together with the data edges form a cycle."""
 
 
 @dataclasses.dataclass
@@ -64,80 +59,6 @@ class StreamPlan:
         return "default" if t is None else repr(t)
 
 
-def resolve_waits(graph: Graph) -> dict:
-    """node id -> the graph's nodes it waits for.
-
-    A wait on a node that is no longer in the graph is an error: an optimization dropped what the
-    user asked for.
-    """
-    by_id = {n.id: n for n in graph.nodes}
-    out = {}
-    for n in graph.nodes:
-        deps = []
-        for w in n.waits:
-            target = by_id.get(w.id)
-            if target is None:
-                raise CompileError(
-                    f"graph {graph.name}: {n} ({n.op}) waits for %{w.name}, which is not in the graph "
-                    "any more; a pass removed a node a wait_tensor refers to")
-            if target.kind in ("call",) and target is not n:
-                deps.append(target)
-        if deps:
-            out[n.id] = deps
-    return out
-
-
-def order_with_waits(graph: Graph, waits: dict) -> list:
-    """The graph's nodes in a topological order of data plus wait edges (stable w.r.t. graph order)."""
-    index = {n.id: i for i, n in enumerate(graph.nodes)}
-    preds: dict[int, list[Node]] = {}
-    for n in graph.nodes:
-        preds[n.id] = list(n.inputs) + waits.get(n.id, [])
-    succs: dict[int, list[Node]] = {n.id: [] for n in graph.nodes}
-    indegree = {}
-    for n in graph.nodes:
-        ps = [p for p in preds[n.id] if p.id in index]
-        indegree[n.id] = len(ps)
-        for p in ps:
-            succs[p.id].append(n)
-    ready = [(index[n.id], n) for n in graph.nodes if indegree[n.id] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, n = heapq.heappop(ready)
-        order.append(n)
-        for s in succs[n.id]:
-            indegree[s.id] -= 1
-            if indegree[s.id] == 0:
-                heapq.heappush(ready, (index[s.id], s))
-    if len(order) != len(graph.nodes):
-        stuck = {n.id for n in graph.nodes} - {n.id for n in order}
-        raise StreamCycleError(f"graph {graph.name}: wait_tensor creates a cycle: {_find_cycle(graph, preds, stuck, waits)}")
-    return order
-
-
-def _find_cycle(graph: Graph, preds: dict, stuck: set, waits: dict) -> str:
-    """Describe one cycle among the ``stuck`` nodes, e.g. ``%a -> %b (waits for) -> %a``."""
-    nodes = {n.id: n for n in graph.nodes}
-    start = min(stuck, key=lambda i: graph.nodes.index(nodes[i]))
-    path, seen = [nodes[start]], {start: 0}
-    while True:
-        cur = path[-1]
-        nxt = next(p for p in preds[cur.id] if p.id in stuck)
-        if nxt.id in seen:
-            cycle = path[seen[nxt.id]:] + [nxt]
-            break
-        seen[nxt.id] = len(path)
-        path.append(nxt)
-    # path follows "depends on" edges; print it in execution direction.
-    cycle = cycle[::-1]
-    parts = [f"%{cycle[0].name}"]
-    for a, b in zip(cycle, cycle[1:]):
-        how = "waited for by" if any(w is a for w in waits.get(b.id, ())) else "read by"
-        parts.append(f"{how} %{b.name}")
-    return " -> ".join(parts)
-
-
 def _follows_producer(n: Node) -> bool:
     """Ops that only pick a part of their input's result stay on the producer's stream."""
     return n.target is operator.getitem and isinstance(n.args[0], Node) and n.args[0].kind == "call"
@@ -167,7 +88,7 @@ def _barrier_waits(order: list, stream_of: dict) -> dict:
 
 
 def plan_streams(graph: Graph, assign: dict | None = None) -> StreamPlan:
-    """Build the stream plan of ``graph``. ``assign`` (node id -> tag) overrides ``attrs["stream"]``."""
+    """Build the stream plan of ``graph``. ``assign`` (node id -> tag) overrides ``node.stream``."""
     waits = resolve_waits(graph)
     order = [n for n in order_with_waits(graph, waits) if n.kind == "call"]
     streams: list = [DEFAULT_STREAM]
@@ -177,7 +98,7 @@ def plan_streams(graph: Graph, assign: dict | None = None) -> StreamPlan:
         if _follows_producer(n) and n.args[0].id in stream_of:
             stream_of[n.id] = stream_of[n.args[0].id]
             continue
-        tag = (assign or {}).get(n.id, n.attrs.get("stream"))
+        tag = (assign or {}).get(n.id, n.stream)
         if tag is not None:
             tag = str(tag)
             priorities.setdefault(tag, int(n.attrs.get("stream_priority", 0)))

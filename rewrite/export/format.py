@@ -22,8 +22,8 @@ import sympy
 import torch
 
 from .. import ops
-from ..exec.streams import StreamCycleError, order_with_waits, resolve_waits
 from ..ir import Graph, Node, SymbolInfo, SymMeta, TensorMeta
+from ..waits import StreamCycleError, order_with_waits, resolve_waits
 from .allowlist import check_call, check_size_growth, resolve_op
 from .checks import (MAX_INT64, MAX_NODES, MAX_NUMEL, MAX_STRING, MIN_INT64, at, decode_device, decode_dtype, describe, dtype_name,
                      expect_bool, expect_int, expect_list, expect_name, expect_object, expect_shape, expect_str, fail)

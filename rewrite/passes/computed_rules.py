@@ -36,7 +36,7 @@ def match_node(p, value, binding: dict, stream) -> bool:
     if isinstance(p, OpPattern):
         if not isinstance(value, Node) or value.kind != "call" or value.target is not p.target:
             return False
-        if value.attrs.get("stream") != stream or must_pin(value):
+        if value.stream != stream or must_pin(value):
             return False
         try:
             args, kwargs = canonical_call(value.target, value.args, value.kwargs)
@@ -74,8 +74,7 @@ def _build(p, binding: dict, graph: Graph, before: Node, stream):
         kwargs = {k: _build(a, binding, graph, before, stream) for k, a in p.kwargs.items()}
         meta_of = lambda n: n.meta  # noqa: E731
         meta = infer_meta(p.target, map_nodes(args, meta_of), map_nodes(kwargs, meta_of), graph.symbols)
-        attrs = {} if stream is None else {"stream": stream}
-        return graph.call(p.target, args, kwargs, meta=meta, attrs=attrs, before=before)
+        return graph.call(p.target, args, kwargs, meta=meta, before=before, stream=stream)
     if isinstance(p, list):
         return [_build(a, binding, graph, before, stream) for a in p]
     if isinstance(p, tuple):
@@ -102,7 +101,7 @@ def apply_computed_rules(graph: Graph, rulesets: list[RuleSet]) -> dict[str, int
             continue
         for r in entry[1]:
             binding: dict = {}
-            stream = node.attrs.get("stream")
+            stream = node.stream
             if not match_node(r.lhs, node, binding, stream):
                 continue
             concrete = {k: _concrete(v) for k, v in binding.items()}
