@@ -18,7 +18,7 @@ import torch
 
 import rewrite
 from rewrite.cache import counters
-from rewrite.cache.compile import RNG_MESSAGE
+from rewrite.cached_function import RNG_MESSAGE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
