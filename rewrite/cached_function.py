@@ -342,13 +342,15 @@ class CachedFunction:
         model = _Bound(self._module, self._fn)
         log.info("cache_compile %s: tracing and compiling", self.__name__)
         cap = capture(model, args, kwargs, self.dynamic, config, self.decompositions)
-        random = [n for n in cap.graph.nodes if n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs)]
+        random = [n for n in cap.graph.nodes
+                  if n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs)]
         if random:
             raise CompileError(f"{RNG_MESSAGE}: {self.__name__} calls {random[0].op} (node {random[0].name}); "
                                "its results would differ from eager (RNG state) after a load")
         live = self._live()
         prog = build_program(cap, model, args, kwargs, name="program", dynamic=self.dynamic, config=config, folder="",
-                             rank=None, world_size=None, weight_writer=lambda names, folder: LiveWeightWriter(live, folder))
+                             rank=None, world_size=None,
+                             weight_writer=lambda names, folder: LiveWeightWriter(live, folder))
         writer = prog.weights
         data = json.loads(json.dumps(prog.data))
         reader = _InMemoryReader(writer, live)

@@ -106,7 +106,8 @@ def _leaves(x) -> list:
 
 def _self_check(program, args, kwargs, expected, config) -> None:
     """Run the program as `load` would (from the in-memory bytes) and compare with the compiled model."""
-    if any(n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs) for n in program.graph.nodes):
+    if any(n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs)
+           for n in program.graph.nodes):
         log.info("export: graph has random ops; skipping the numeric self-check")
         return
     # The symbolic graph is enough to check the file round-trips; compiling every gear again is not.

@@ -36,7 +36,7 @@ def open_regular(path: str, *, size: int | None = None, max_size: int | None = N
         raise
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise FileRefused("is a symlink, not a regular file (cannot open it: symlinks are never followed)") from None
+            raise FileRefused("is a symlink, not a regular file (cannot open it: links are not followed)") from None
         raise FileRefused(f"cannot be opened: {e.strerror}") from None
     try:
         info = os.fstat(fd)
