@@ -19,7 +19,7 @@ RESULTS = os.path.join(HERE, "RESULTS.md")
 OUT_DIR = os.path.join(HERE, "out")
 
 sys.path.insert(0, os.path.dirname(HERE))
-from rewrite.utils import atomic_write_text  # noqa: E402
+from rewrite.persist.atomic import atomic_write_text  # noqa: E402
 
 
 def cold_caches() -> None:

@@ -27,8 +27,8 @@ import torch  # noqa: E402
 import rewrite  # noqa: E402
 import rewrite.models  # noqa: E402
 from benchmarks._results import machine_line, markdown_table  # noqa: E402
-from rewrite.export.checks import read_json  # noqa: E402
-from rewrite.export.weights import WeightReader  # noqa: E402
+from rewrite.persist.checks import read_json  # noqa: E402
+from rewrite.persist.weights import WeightReader  # noqa: E402
 
 
 class Served(torch.nn.Module):

@@ -18,7 +18,8 @@ intra-op threads, this file's format): a key that differs means stale, and the f
 measured again and the file replaced. The file is read as hostile input: a regular file (no
 symlink) of bounded size, JSON with exactly the expected fields, every number finite and within
 physical bounds; anything else is damage, logged, measured again and replaced (atomically).
-Folder: ``$REWRITE_CACHE_DIR``, else ``$XDG_CACHE_HOME/rewrite``, else ``~/.cache/rewrite``.
+Folder: the per-user cache folder (`rewrite.persist.folders`: ``$REWRITE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/rewrite``, else ``~/.cache/rewrite``); read by `rewrite.persist.reading`.
 """
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ import logging
 import math
 import os
 import platform
-import stat
 import threading
 import time
 
 import torch
 
-from .utils import THREAD_COUNT_LOCK, atomic_write_text, set_this_thread_intra_op_threads
+from .persist.atomic import atomic_write_text
+from .persist.folders import user_cache_dir
+from .persist.reading import read_regular
+from .utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
 
 log = logging.getLogger("rewrite")
 
@@ -263,18 +266,10 @@ def cache_key() -> dict:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def cache_dir() -> str:
-    explicit = os.environ.get("REWRITE_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "rewrite")
-
-
 def cache_path(folder: str | None = None) -> str:
     """The cache file for this machine, torch version and thread count."""
     digest = hashlib.sha256(json.dumps(cache_key(), sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(folder or cache_dir(), f"cost-model-{digest}.json")
+    return os.path.join(folder or user_cache_dir(), f"cost-model-{digest}.json")
 
 
 def save(cal: Calibration, path: str) -> None:
@@ -302,16 +297,11 @@ def load(path: str) -> Calibration:
     """The calibration in ``path``; raises CalibrationError naming the file and field when it is
     damaged (unreadable, oversized, not a regular file, malformed) or stale (another key)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as e:
+        raw = read_regular(path, max_size=MAX_FILE_BYTES)
+    except FileNotFoundError as e:
         raise CalibrationError(f"{path}: cannot open ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise CalibrationError(f"{path}: not a regular file")
-        if info.st_size > MAX_FILE_BYTES:
-            raise CalibrationError(f"{path}: {info.st_size} bytes, more than the {MAX_FILE_BYTES} a cache file holds")
-        raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:  # refused (`FileRefused`): a symlink, a special file, too large
+        raise CalibrationError(f"{path}: {e}") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

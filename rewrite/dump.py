@@ -17,7 +17,7 @@ import torch
 from .exec.codegen import generate_source
 from .ir import Graph, Node, format_arg, format_meta, format_value
 from .unit import CompileUnit
-from .utils import atomic_write_text
+from .persist.atomic import atomic_write_text
 
 log = logging.getLogger("rewrite")
 

@@ -2,7 +2,9 @@
 
 ``set_dim_gears(tensor, dim_gears={dim: [sizes...]})`` declares the sizes a dimension may take;
 the graph is then compiled once per gear (see `rewrite.gears`). ``cache_compile(self.method)``
-compiles a module's method once and lets later processes load it without Dynamo (`rewrite.cache`).
+compiles a module's method once and lets later processes load it without Dynamo: the workflow is
+`rewrite.cached_function` (imported at the first call: it brings in the export loader), on top of
+the compile cache's storage in `rewrite.cache`.
 """
 from .gears import GearError, get_dim_gears, set_dim_gears
 
@@ -12,8 +14,8 @@ __all__ = ["set_dim_gears", "get_dim_gears", "GearError", "cache_compile"]
 def cache_compile(func, *, config=None, backend=None, dynamic=True, cache_dir=None, global_rank=None, tp_rank=None,
                   pp_rank=None, custom_decompositions=None):
     """Wrap a module's bound method in the compile cache: the first call compiles and writes
-    ``{cache_dir}/{model_info}/{func}``; later processes load it without Dynamo (`rewrite.cache.compile`)."""
-    from .cache.compile import cache_compile as _cache_compile
+    ``{cache_dir}/{model_info}/{func}``; later processes load it without Dynamo (`rewrite.cached_function`)."""
+    from .cached_function import cache_compile as _cache_compile
 
     return _cache_compile(func, config=config, backend=backend, dynamic=dynamic, cache_dir=cache_dir,
                           global_rank=global_rank, tp_rank=tp_rank, pp_rank=pp_rank,

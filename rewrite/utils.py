@@ -1,13 +1,11 @@
-"""Small helpers shared by several layers."""
+"""Small helpers shared by several layers (atomic file writes: `rewrite.persist.atomic`)."""
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 
 import torch
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "THREAD_COUNT_LOCK", "set_this_thread_intra_op_threads"]
+__all__ = ["THREAD_COUNT_LOCK", "set_this_thread_intra_op_threads"]
 
 # Held by every rewrite code path that changes torch's intra-op thread count (calibration, stream
 # workers), around `set_this_thread_intra_op_threads`. torch.set_num_threads in any thread also sets
@@ -38,28 +36,3 @@ def set_this_thread_intra_op_threads(n: int) -> None:
     torch.get_num_threads()  # this thread's lazy first-use setup now: later, it would undo ours
     torch.set_num_threads(n)
     _in_fresh_thread(torch.set_num_threads, process_count)
-
-
-def atomic_write_bytes(path: str, data: bytes, *, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the new one, never half of it.
-
-    ``durable=False`` skips the fsync (~1 ms a file): for files that are a log or scratch, written
-    by the thousand, where surviving a power cut buys nothing.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str, text: str, *, durable: bool = True) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)

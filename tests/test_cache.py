@@ -18,7 +18,7 @@ import torch
 
 import rewrite
 from rewrite.cache import counters
-from rewrite.cache.compile import RNG_MESSAGE
+from rewrite.cached_function import RNG_MESSAGE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,7 +200,7 @@ def test_damaged_entries_are_misses_and_rewritten(tmp_path, caplog):
 def test_signed_entries_skip_only_the_meta_inference(tmp_path, monkeypatch):
     """A graph file whose bytes this user's signature vouches for is not shape-inferred again; any
     other bytes (re-serialized, edited metas, another key's signature) get every check."""
-    import rewrite.export.loader as loader
+    import rewrite.persist.document as loader
     from rewrite.cache.store import SIGNATURE_FILE, CacheDir, read_key
 
     inferred = []
@@ -469,7 +469,7 @@ def test_cache_compile_with_gears_marked_on_the_first_call_only(tmp_path, monkey
 
 
 def test_geared_export_load_reuses_gear_graphs(tmp_path, monkeypatch):
-    import rewrite.export.loader as loader
+    import rewrite.persist.document as loader
     from rewrite.cache.store import SIGNATURE_FILE
 
     inferred = []

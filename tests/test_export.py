@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 import rewrite
 from rewrite.export import ExportError
-from rewrite.export.format import decode_arg, decode_inline_tensor, encode_arg, encode_inline_tensor
+from rewrite.persist.format import decode_arg, decode_inline_tensor, encode_arg, encode_inline_tensor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,7 +18,8 @@ import torch
 import rewrite
 import rewrite.kernels as kernels_module
 from rewrite.config import ConfigError
-from rewrite.kernels import StaticKernelError, artifact, cgen, compiler, signature, trust
+from rewrite.kernels import StaticKernelError, artifact, cgen, compiler, signature
+from rewrite.persist import signing as trust
 from rewrite.ops import dtype_str
 
 HERE = os.path.dirname(os.path.abspath(__file__))

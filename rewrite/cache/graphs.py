@@ -7,7 +7,7 @@ safetensors beside the file, each with its sha256), except tensors the caller al
 ``{"weight": "@name"}`` and read back from the caller's tensors, so the cache never copies them.
 The key says the referenced tensors are the same (checksums of frozen weights), so the values are.
 
-Reading uses the export loader's checks: the JSON reader with its size and depth bounds, the graph
+Reading uses the file format's checks (`rewrite.persist`): the JSON reader with its size and depth bounds, the graph
 decoder (allow-listed ops checked against their schemas, the shape grammar), weight files checked
 against size and sha256 before parsing, recorded shapes checked against shape inference (unless
 the entry's signature vouches for the file: `store.CacheDir.trusted_digests`). Passes'
@@ -17,17 +17,20 @@ the cost model and the memory planner read them) are kept in a side table and ch
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 
-from ..export.checks import (MAX_NUMEL, at, expect_bool, expect_int, expect_list, expect_name, expect_object, expect_shape,
-                             expect_str, fail)
-from ..export.errors import ExportError
-from ..export.format import FORMAT_VERSION, decode_graph, encode_arg, encode_graph, encode_inline_tensor
-from ..export.weights import INLINE_NUMEL, WeightReader, WeightWriter
 from ..ir import Graph
+from ..persist.checks import (MAX_NUMEL, at, expect_bool, expect_int, expect_list, expect_name, expect_object,
+                              expect_shape, expect_str, fail)
+from ..persist.document import check_header, check_metas, read_json
+from ..persist.errors import ExportError
+from ..persist.format import FORMAT_VERSION, decode_graph, encode_arg, encode_graph, encode_inline_tensor
+from ..persist.weights import INLINE_NUMEL, WeightReader, WeightWriter
+from .store import digest_of
 
-__all__ = ["GRAPHS_FILE", "encode_graphs", "decode_graphs"]
+__all__ = ["GRAPHS_FILE", "encode_graphs", "decode_graphs", "check_error", "LiveWeightWriter", "LiveWeightReader"]
 
 GRAPHS_FILE = "graphs.json"
 GRAPHS_FORMAT = "rewrite.cache.graphs"
@@ -46,7 +49,7 @@ def _storage_key(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-class _Writer(WeightWriter):
+class LiveWeightWriter(WeightWriter):
     """Constants of several graphs: live tensors by reference, the rest into weight files (deduplicated)."""
 
     def __init__(self, live: dict, folder: str = ""):
@@ -77,7 +80,7 @@ class _Writer(WeightWriter):
         return {"weight": self._add(f"{self.prefix}{node.name}", value)}
 
 
-class _Reader(WeightReader):
+class LiveWeightReader(WeightReader):
     """`WeightReader` plus references to tensors the caller holds."""
 
     def __init__(self, folder: str, records, live_records, live: dict, where: str):
@@ -129,7 +132,7 @@ def _bookkeeping(g: Graph) -> dict:
 
 def encode_graphs(graphs: dict[str, Graph], live: dict | None = None, extra: dict | None = None) -> list[tuple[str, bytes]]:
     """The files of ``graphs`` (label -> graph): weight files first, then `GRAPHS_FILE` (commit order)."""
-    writer = _Writer(live or {})
+    writer = LiveWeightWriter(live or {})
     encoded, attrs = {}, {}
     for k, (label, g) in enumerate(graphs.items()):
         writer.prefix = f"g{k}_"
@@ -152,25 +155,20 @@ def decode_graphs(folder: str, live: dict | None = None, *, static: bool = False
     recorded metas are this user's rewrite's own and are not inferred again (every other check
     still runs).
     """
-    import os
-
-    from ..export.loader import _check_metas, check_header, read_json
-    from .store import digest_of
-
     where = GRAPHS_FILE
     data, raw = read_json(os.path.join(folder, GRAPHS_FILE), "cache file")
-    check_metas = trusted is None or digest_of(raw) != trusted
+    infer = trusted is None or digest_of(raw) != trusted
     version = check_header(data, where, GRAPHS_FORMAT)
     expect_object(data, where, required=("format", "version", "graphs", "attrs", "weights", "live", "extra"))
-    reader = _Reader(folder, data["weights"], data["live"], live or {}, where)
+    reader = LiveWeightReader(folder, data["weights"], data["live"], live or {}, where)
     graphs = {}
     attrs = expect_object(data["attrs"], at(where, "attrs"))
     for label, record in expect_object(data["graphs"], at(where, "graphs")).items():
         inner = at(at(where, "graphs"), label)
         expect_str(label, inner, max_len=256)
         g = decode_graph(record, reader.decode_constant, inner, version)
-        if check_metas:
-            _check_metas(g, inner)
+        if infer:
+            check_metas(g, inner)
         if static and not g.is_static():
             raise fail(inner, "a gear graph must have fixed sizes")
         by_name = {n.name: n for n in g.nodes}
@@ -182,7 +180,7 @@ def decode_graphs(folder: str, live: dict | None = None, *, static: bool = False
             for key, value in expect_object(kept, node_where, optional=tuple(_BOOKKEEPING)).items():
                 node.attrs[key] = _BOOKKEEPING[key](value, at(node_where, key))
         graphs[label] = g
-    return graphs, expect_object(data["extra"], at(where, "extra")), not check_metas
+    return graphs, expect_object(data["extra"], at(where, "extra")), not infer
 
 
 def check_error(e: Exception) -> bool:

@@ -62,7 +62,7 @@ def _rewrite_source_digest() -> str:
 def versions() -> str:
     from importlib import metadata
 
-    from ..export.format import FORMAT_VERSION
+    from ..persist.format import FORMAT_VERSION
 
     def version(name):
         try:

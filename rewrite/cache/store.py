@@ -2,17 +2,17 @@
 
 An entry is a folder holding ``key.json`` (the key's fields, so a miss can name the field that
 changed and ``python -m rewrite cache info`` can show them) and the entry's files. Writing goes
-through the export's `write_files` into a staging folder beside the entry, which is then renamed
+through `rewrite.persist.atomic.write_files` into a staging folder beside the entry, which is then renamed
 into place: two processes writing one entry both succeed, the first rename wins and the other
 drops its copy, so readers only ever see a complete entry. A damaged or truncated entry is a miss
 (logged) and is replaced by the next write. A folder that cannot be written (read-only, full disk)
 turns caching off for that folder in this process, with one warning.
 
 Signature: an entry also holds ``signature.json``, the sha256 of each of its files and an HMAC-SHA256
-of those and of the key's fields under this user's secret (`rewrite.kernels.trust`, the key that
+of those and of the key's fields under this user's secret (`rewrite.persist.signing`, the key that
 signs static-kernel artifacts). A graph file whose bytes match a verified signature was written by
 this user's rewrite for this very key, with metas its own shape inference computed, so readers skip
-re-deriving them (`trusted_digests`); every other check of the export loader still runs. An entry
+re-deriving them (`trusted_digests`); every other check of the file format still runs. An entry
 without a valid signature (another user's, copied from elsewhere, edited) is read with every check.
 
 Threads: one `CacheDir` per folder, a lock per entry (compiles of different entries never wait
@@ -30,9 +30,10 @@ import tempfile
 import threading
 import time
 
-from ..export.checks import at, expect_object, expect_str, read_json
-from ..export.errors import ExportError
-from ..export.files import write_files
+from ..persist import signing
+from ..persist.atomic import write_files
+from ..persist.checks import at, expect_object, expect_str, read_json
+from ..persist.errors import ExportError
 from .key import diff, key_hash
 
 log = logging.getLogger("rewrite")
@@ -161,8 +162,6 @@ class CacheDir:
     def trusted_digests(self, folder: str, fields: dict) -> dict[str, str]:
         """{file: sha256} of the entry's files when its signature verifies for ``fields``; else {} (then
         readers check everything). Never raises: an unsigned or wrongly signed entry is merely untrusted."""
-        from ..kernels import trust
-
         try:
             data, _ = read_json(os.path.join(folder, SIGNATURE_FILE), "cache signature file", SIGNATURE_FILE)
             expect_object(data, SIGNATURE_FILE, required=("format", "files", "hmac"))
@@ -170,11 +169,11 @@ class CacheDir:
             if data["format"] != SIGNATURE_FORMAT or not isinstance(data["hmac"], str) or not all(
                     isinstance(v, str) for v in files.values()):
                 return {}
-            if not trust.verify(_signed_text(fields, files), data["hmac"]):
+            if not signing.verify(_signed_text(fields, files), data["hmac"]):
                 log.debug("cache entry %s: its signature does not verify; every file is checked", folder)
                 return {}
             return dict(files)
-        except (ExportError, OSError, trust.TrustError) as e:
+        except (ExportError, OSError, signing.TrustError) as e:
             log.debug("cache entry %s is not signed by this user (%s); every file is checked", folder, e)
             return {}
 
@@ -258,12 +257,10 @@ def _signed_text(fields: dict, files: dict) -> bytes:
 
 def _signature(fields: dict, files: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     """The signature file of an entry (empty when this user has no signing key: the entry is then unsigned)."""
-    from ..kernels import trust
-
     digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in files}
     try:
-        mac = trust.sign(_signed_text(fields, digests))
-    except trust.TrustError as e:
+        mac = signing.sign(_signed_text(fields, digests))
+    except signing.TrustError as e:
         log.debug("compile cache: entries are not signed (%s); readers check every file", e)
         return []
     record = {"format": SIGNATURE_FORMAT, "files": digests, "hmac": mac}

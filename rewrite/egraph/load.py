@@ -26,7 +26,7 @@ from ..cost import is_weight
 from ..ir import Graph, Node, SymMeta, TensorMeta, is_side_effect
 from ..ops import (ContentIndex, OpError, canonical_call, dtype_str, is_mutable, is_nondeterministic,
                    register_target, shape_key, splat_key)
-from ..utils import atomic_write_text
+from ..persist.atomic import atomic_write_text
 from .terms import MAX_CALL_ARITY, Tables, Unencodable, float_key
 
 log = logging.getLogger("rewrite")

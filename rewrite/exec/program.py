@@ -63,11 +63,10 @@ def program_for(unit: CompileUnit) -> "PlannedProgram | None":
 
 
 def tier_up_build_dir() -> str:
-    """Where tiered-up graphs keep their static kernels: the per-user cache, beside the signing key."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "rewrite", "kernels")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    """Where tiered-up graphs keep their static kernels (`rewrite.kernels.store.tier_up_build_dir`)."""
+    from ..kernels.store import tier_up_build_dir as build_dir
+
+    return build_dir()
 
 
 def _seen_outside(graph: Graph) -> str | None:

@@ -18,7 +18,7 @@ from ..config import CompilerConfig
 from ..fx_bridge import dynamo_input_names
 from ..gears import trace_conflicts
 from ..ir import Graph
-from .errors import ExportError
+from ..persist.errors import ExportError
 
 log = logging.getLogger("rewrite")
 

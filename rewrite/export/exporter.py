@@ -34,13 +34,13 @@ import torch
 
 from .. import ops
 from ..config import CompilerConfig
-from .checks import FILE_NAME
-from .errors import ExportError
-from .files import write_files
+from ..persist.atomic import write_files
+from ..persist.checks import FILE_NAME
+from ..persist.errors import ExportError
+from ..persist.weights import InMemoryWeightReader
 from .loader import MANIFEST_FORMAT, ExportedModel
 from .program import build_program
 from .ranks import Ranks
-from .weights import InMemoryWeightReader
 
 log = logging.getLogger("rewrite")
 
@@ -104,21 +104,10 @@ def _leaves(x) -> list:
     return []
 
 
-def _is_random(node) -> bool:
-    """Ops that draw random numbers; attention with ``dropout_p == 0`` is tagged so but draws none."""
-    target = node.target
-    if node.kind != "call" or torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
-        return False
-    for i, arg in enumerate(target._schema.arguments):
-        if arg.name == "dropout_p":
-            value = node.args[i] if i < len(node.args) else node.kwargs.get("dropout_p", arg.default_value)
-            return value != 0
-    return True
-
-
 def _self_check(program, args, kwargs, expected, config) -> None:
     """Run the program as `load` would (from the in-memory bytes) and compare with the compiled model."""
-    if any(_is_random(n) for n in program.graph.nodes):
+    if any(n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs)
+           for n in program.graph.nodes):
         log.info("export: graph has random ops; skipping the numeric self-check")
         return
     # The symbolic graph is enough to check the file round-trips; compiling every gear again is not.

@@ -1,9 +1,9 @@
 """`rewrite.load`: run an exported graph with the rewrite executor, without Dynamo or the model's code.
 
 The folder may be hostile (docs/export_format.md, "Security"). Loading validates everything before
-it runs anything: the format and version of the graph file, every field of it (checks.py), every
-op against the allow-list and its schema (allowlist.py), every shape expression against the
-format's grammar (expr.py), the recorded shapes against shape inference, every path against the
+it runs anything: the format and version of the graph file, every field of it (persist/checks.py), every
+op against the allow-list and its schema (persist/allowlist.py), every shape expression against the
+format's grammar (persist/expr.py), the recorded shapes against shape inference, every path against the
 folder, every weight file's size and sha256; for a multi-rank export, the manifest, the rank's
 graph file checksum and the process group. Each call then checks its arguments against the traced
 signature (dtypes, static sizes, the range of each size symbol) and names the input that does
@@ -27,18 +27,20 @@ from ..gears import GearError
 from ..ir import Graph, SymMeta, TensorMeta
 from ..report import GraphReport
 from ..unit import CompileUnit
-from . import checks
-from .checks import (at, confined_path, describe, expect_bool, expect_file_name, expect_int, expect_list, expect_object,
-                     expect_sha256, expect_shape, expect_str, fail)
-from .errors import ExportError
-from .format import FORMAT_VERSION, READABLE_VERSIONS, decode_graph
+from ..persist.checks import (at, confined_path, describe, expect_bool, expect_file_name, expect_int, expect_list,
+                              expect_object, expect_sha256, expect_shape, expect_str, fail)
+from ..persist import document
+from ..persist.document import check_header, read_json
+from ..persist.errors import ExportError
+from ..persist.format import decode_graph
+from ..persist.weights import WeightReader
 from .ranks import Ranks
-from .signature import InputBinder, build_result, check_input_spec, check_output_spec, scalar_value
-from .weights import WeightReader
+from .signature import (InputBinder, build_result, check_input_spec, check_output_spec, leaf_name, scalar_value,
+                        walk_leaves)
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["load", "ExportedModel", "read_json", "check_header", "decode_gears"]
+__all__ = ["load", "ExportedModel", "decode_gears"]
 
 MANIFEST_FORMAT = "rewrite.export.manifest"
 GRAPH_FORMAT = "rewrite.export"
@@ -49,27 +51,6 @@ _PROGRAM_FIELDS = (("format", "version", "name", "dynamic", "inputs", "bindings"
                     "onnx"))
 _MANIFEST_FIELDS = (("format", "version", "name", "world_size", "ranks", "process_groups"), ("backend", "collectives"))
 MAX_WORLD_SIZE = 1 << 16
-
-
-def read_json(path: str, what: str) -> tuple[dict, bytes]:
-    """A JSON object file of an export, checked for size, depth and well-formed numbers (checks.read_json)."""
-    return checks.read_json(path, f"{what} {path}", os.path.basename(path))
-
-
-def check_header(data: dict, where: str, expected_format: str) -> int:
-    """The format and version fields; returns the version."""
-    fmt, version = data.get("format"), data.get("version")
-    if fmt != expected_format:
-        raise ExportError(f"{where} is not a {expected_format} file (format field is {describe(fmt)})")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ExportError(f"{where}: version: expected an integer format version, got {describe(version)}")
-    if version > FORMAT_VERSION:
-        raise ExportError(f"{where} was written in format version {version}, but this rewrite reads versions up to "
-                          f"{FORMAT_VERSION}; upgrade rewrite to load it")
-    if version not in READABLE_VERSIONS:
-        raise ExportError(f"{where}: version: {version} is not a format version this rewrite reads "
-                          f"({list(READABLE_VERSIONS)})")
-    return version
 
 
 def _check_program(program: dict, where: str) -> int:
@@ -127,7 +108,7 @@ class ExportedModel:
         with self.report.stage("decode"):
             self.graph = decode_graph(program["graph"], weights.decode_constant, at(where, "graph"), version)
             if check_metas:
-                _check_metas(self.graph, at(where, "graph"))
+                document.check_metas(self.graph, at(where, "graph"))
             leaf_types = check_input_spec(program["inputs"], at(where, "inputs"))
             _check_bindings(program["bindings"], self.graph, leaf_types, at(where, "bindings"))
             outs = self.graph.outputs
@@ -186,25 +167,25 @@ class ExportedModel:
                 if not isinstance(value, torch.Tensor):
                     raise ExportError(f"graph input {name} expects a tensor, got {type(value).__name__}")
                 if value.dtype != meta.dtype:
-                    raise ExportError(f"graph input {name} ({_leaf_name(self.program, leaf)}) expects dtype "
+                    raise ExportError(f"graph input {name} ({leaf_name(self.program, leaf)}) expects dtype "
                                       f"{meta.dtype}, got {value.dtype}")
                 if value.dim() != len(meta.shape):
-                    raise ExportError(f"input {_leaf_name(self.program, leaf)} must have {len(meta.shape)} "
+                    raise ExportError(f"input {leaf_name(self.program, leaf)} must have {len(meta.shape)} "
                                       f"dimensions {list(meta.shape)}, got shape {list(value.shape)}")
                 if value.device.type != meta.device.type:
-                    raise ExportError(f"input {_leaf_name(self.program, leaf)} is on {value.device}, the graph was "
+                    raise ExportError(f"input {leaf_name(self.program, leaf)} is on {value.device}, the graph was "
                                       f"exported for {meta.device}")
                 for d, (want, got) in enumerate(zip(meta.shape, value.shape)):
                     self._check_dim(want, int(got), leaf, d, values, deferred)
             elif isinstance(meta, SymMeta) and isinstance(meta.expr, sympy.Symbol):
                 if meta.expr in values and values[meta.expr] != value:
-                    raise ExportError(f"input {_leaf_name(self.program, leaf)} is {value}, but size {meta.expr} is "
+                    raise ExportError(f"input {leaf_name(self.program, leaf)} is {value}, but size {meta.expr} is "
                                       f"{values[meta.expr]} from another input; the exported graph needs them equal")
                 values[meta.expr] = value
         for want, got, leaf, d in deferred:
             expected = sympy.sympify(want).subs(values)
             if expected.is_Integer and int(expected) != got:
-                raise ExportError(f"input {_leaf_name(self.program, leaf)} dim {d} is {got}, but the graph needs "
+                raise ExportError(f"input {leaf_name(self.program, leaf)} dim {d} is {got}, but the graph needs "
                                   f"{want} = {expected}")
         for name, (sym, info) in self._symbols.items():
             if sym in values:
@@ -220,11 +201,11 @@ class ExportedModel:
             if int(want) != got:
                 hint = "" if self.program.get("dynamic") else " (the export is static; export with dynamic=True " \
                                                               "to allow other sizes)"
-                raise ExportError(f"input {_leaf_name(self.program, leaf)} dim {d} is {got}, but the graph was "
+                raise ExportError(f"input {leaf_name(self.program, leaf)} dim {d} is {got}, but the graph was "
                                   f"exported with {int(want)}{hint}")
         elif isinstance(want, sympy.Symbol):
             if want in values and values[want] != got:
-                raise ExportError(f"input {_leaf_name(self.program, leaf)} dim {d} is {got}, but size {want} is "
+                raise ExportError(f"input {leaf_name(self.program, leaf)} dim {d} is {got}, but size {want} is "
                                   f"already {values[want]} from another input; the exported graph needs them equal")
             values[want] = got
         else:
@@ -234,19 +215,6 @@ class ExportedModel:
         p = self.program
         return (f"ExportedModel({p.get('name')!r}, {self.graph.num_ops()} ops, {len(p.get('weights', {}))} weights, "
                 f"dynamic={p.get('dynamic')}, rank={p.get('rank')})")
-
-
-def _check_metas(graph: Graph, where: str) -> None:
-    """The recorded shapes must be what the ops compute (shape inference), so no meta in a file can
-    make the executor or the folding of a geared load plan for sizes the ops do not produce."""
-    from ..shape import ShapeInferenceError, infer_graph
-
-    try:
-        infer_graph(graph, check=True)
-    except ShapeInferenceError as e:
-        raise fail(where, f"the recorded shapes do not match the ops: {e}") from None
-    except Exception as e:  # noqa: BLE001 - a meta kernel refusing the file's arguments
-        raise fail(where, f"the shapes of the graph cannot be computed: {type(e).__name__}: {e}") from None
 
 
 def _check_bindings(bindings, graph: Graph, leaf_types: list[str], where: str) -> None:
@@ -345,35 +313,9 @@ def _gear(entry, inputs: dict, where: str) -> dict:
     return sizes
 
 
-def _walk_leaves(spec: dict):
-    """Every leaf of an input spec with its argument path: yields (path, leaf struct)."""
-    def walk(struct, where):
-        if isinstance(struct, list):
-            for i, s in enumerate(struct):
-                yield from walk(s, f"{where}[{i}]")
-        elif "tuple" in struct:
-            for i, s in enumerate(struct["tuple"]):
-                yield from walk(s, f"{where}[{i}]")
-        elif "dict" in struct:
-            for k, s in struct["dict"].items():
-                yield from walk(s, f"{where}[{k!r}]")
-        elif "leaf" in struct:
-            yield where, struct
-
-    for name, struct in zip(spec["names"], spec["positional"]):
-        yield from walk(struct, name)
-    for name, struct in spec["keyword"].items():
-        yield from walk(struct, name)
-
-
-def _leaf_name(program: dict, leaf: int) -> str:
-    """The argument path of leaf ``leaf`` (``x``, ``inputs['ids']``) for error messages."""
-    return next((where for where, struct in _walk_leaves(program["inputs"]) if struct["leaf"] == leaf), f"#{leaf}")
-
-
 def _scalar_guards(spec: dict, bound: set) -> dict:
     """Scalar arguments the graph does not take as inputs: Dynamo baked their value into the graph."""
-    return {struct["leaf"]: (where, scalar_value(struct)) for where, struct in _walk_leaves(spec)
+    return {struct["leaf"]: (where, scalar_value(struct)) for where, struct in walk_leaves(spec)
             if struct["type"] != "tensor" and struct["leaf"] not in bound}
 
 

@@ -21,8 +21,8 @@ import torch
 
 from ..fx_bridge import to_fx
 from ..ir import Graph, TensorMeta
-from .errors import ExportError
-from .loader import _leaf_name
+from ..persist.errors import ExportError
+from .signature import leaf_name
 
 log = logging.getLogger("rewrite")
 
@@ -67,7 +67,7 @@ def export_onnx(program, export_name: str) -> dict[str, bytes]:
                         else torch.randn(shape).to(p.meta.dtype))
         dims = {d: torch.export.Dim.DYNAMIC for d, s in enumerate(p.meta.shape) if not sympy.sympify(s).is_Integer}
         dynamic_shapes.append(dims or None)
-        names.append(re.sub(r"[^A-Za-z0-9_]", "_", _leaf_name(program.data, b["leaf"])))
+        names.append(re.sub(r"[^A-Za-z0-9_]", "_", leaf_name(program.data, b["leaf"])))
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, f"{export_name}.onnx")
         try:

@@ -14,10 +14,10 @@ import torch
 from ..dump import graph_to_pbtxt
 from ..ir import Graph, SymMeta, TensorMeta
 from ..ops import is_collective
-from .errors import ExportError
-from .format import FORMAT_VERSION, encode_graph, encode_meta
+from ..persist.errors import ExportError
+from ..persist.format import FORMAT_VERSION, encode_graph, encode_meta
+from ..persist.weights import WeightWriter
 from .signature import describe_inputs, describe_outputs
-from .weights import WeightWriter
 
 if TYPE_CHECKING:  # capture imports Dynamo, which loading an export must not need
     from .capture import Captured

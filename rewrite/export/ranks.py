@@ -24,7 +24,7 @@ import json
 
 import torch
 
-from .errors import ExportError
+from ..persist.errors import ExportError
 
 __all__ = ["Ranks"]
 

@@ -19,11 +19,11 @@ import math
 
 import torch
 
-from .checks import at, describe, expect_int, expect_list, expect_name, expect_object, fail
-from .errors import ExportError
+from ..persist.checks import at, describe, expect_int, expect_list, expect_name, expect_object, fail
+from ..persist.errors import ExportError
 
 __all__ = ["describe_inputs", "describe_outputs", "InputBinder", "build_result", "check_input_spec",
-           "check_output_spec"]
+           "check_output_spec", "walk_leaves", "leaf_name"]
 
 _SCALARS = (bool, int, float)
 
@@ -306,3 +306,29 @@ def build_result(struct, outputs, leaves):
     if "dict" in struct:
         return {k: build_result(s, outputs, leaves) for k, s in struct["dict"].items()}
     return _decode_scalar(struct["const"])
+
+
+def walk_leaves(spec: dict):
+    """Every leaf of an input spec with its argument path: yields (path, leaf struct)."""
+    def walk(struct, where):
+        if isinstance(struct, list):
+            for i, s in enumerate(struct):
+                yield from walk(s, f"{where}[{i}]")
+        elif "tuple" in struct:
+            for i, s in enumerate(struct["tuple"]):
+                yield from walk(s, f"{where}[{i}]")
+        elif "dict" in struct:
+            for k, s in struct["dict"].items():
+                yield from walk(s, f"{where}[{k!r}]")
+        elif "leaf" in struct:
+            yield where, struct
+
+    for name, struct in zip(spec["names"], spec["positional"]):
+        yield from walk(struct, name)
+    for name, struct in spec["keyword"].items():
+        yield from walk(struct, name)
+
+
+def leaf_name(program: dict, leaf: int) -> str:
+    """The argument path of leaf ``leaf`` (``x``, ``inputs['ids']``) for error messages."""
+    return next((where for where, struct in walk_leaves(program["inputs"]) if struct["leaf"] == leaf), f"#{leaf}")

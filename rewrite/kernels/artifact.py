@@ -5,10 +5,11 @@ Members, exactly these and stored uncompressed:
 * ``manifest.json``: format name and version, when and for what it was built (torch version,
   device key, generator version), every kernel (key, C symbol, signature), and the size and
   SHA-256 of the other members;
-* ``manifest.hmac``: the manifest's HMAC-SHA256 under this user's key (`trust`);
+* ``manifest.hmac``: the manifest's HMAC-SHA256 under this user's key (`rewrite.persist.signing`);
 * ``kernels.c``: the generated source, for readers; ``kernels.so``: the compiled library.
 
-Reading treats the file as hostile: a regular file (no symlink) of bounded size; the member list
+Reading treats the file as hostile: a regular file (no symlink) of bounded size, opened by
+`rewrite.persist.reading`; the member list
 is exactly the expected one, with bounded sizes, no compression, no encryption; the signature is
 checked before the manifest is parsed; every manifest field is checked (`signature.check` for
 kernel signatures; a kernel's key must be the hash of its signature and context; symbols are
@@ -29,11 +30,11 @@ import io
 import json
 import os
 import re
-import stat
 import zipfile
 
-from ..utils import atomic_write_bytes
-from . import trust
+from ..persist import signing
+from ..persist.atomic import atomic_write_bytes
+from ..persist.reading import open_regular
 from .signature import SignatureError, check, kernel_key
 
 __all__ = ["Artifact", "ArtifactError", "Stale", "write", "read", "NAME", "FORMAT"]
@@ -86,7 +87,7 @@ def write(folder: str, kernels: dict, context: dict, source: str, library: bytes
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED) as z:
         z.writestr("manifest.json", text)
-        z.writestr("manifest.hmac", trust.sign(text).encode())
+        z.writestr("manifest.hmac", signing.sign(text).encode())
         for name, data in files.items():
             z.writestr(name, data)
     path = os.path.join(folder, file_name())
@@ -119,21 +120,19 @@ def _no_duplicate_keys(pairs):
 def read(path: str, context: dict) -> Artifact:
     """The artifact at ``path``, checked as described in the module docstring."""
     try:
-        st = os.lstat(path)
-    except OSError as e:
+        opened = open_regular(path, max_size=MAX_FILE)
+    except FileNotFoundError as e:
         _fail(path, f"cannot be read ({e})")
-    if not stat.S_ISREG(st.st_mode):
-        _fail(path, "is not a regular file")
-    if st.st_size > MAX_FILE:
-        _fail(path, f"is {st.st_size} bytes; at most {MAX_FILE}")
+    except OSError as e:  # refused (`FileRefused`): a symlink, a special file, too large
+        _fail(path, str(e))
     try:
-        with zipfile.ZipFile(path) as z:
+        with opened, zipfile.ZipFile(opened) as z:
             names = z.namelist()
             if sorted(names) != sorted(MEMBERS) or len(set(names)) != len(names):
                 _fail(path, f"members are {sorted(names)}; expected exactly {sorted(MEMBERS)}")
             mac = _member(z, path, "manifest.hmac").decode("ascii", "replace")
             text = _member(z, path, "manifest.json")
-            if not trust.verify(text, mac):
+            if not signing.verify(text, mac):
                 _fail(path, "signature does not verify (not written by this user's rewrite, or changed since)")
             manifest = _manifest(path, text, context)
             files = {name: _member(z, path, name) for name in ("kernels.c", "kernels.so")}

@@ -21,9 +21,10 @@ import os
 import sys
 import time
 
-from ..utils import atomic_write_text
+from ..persist.atomic import atomic_write_text
+from ..persist.folders import user_cache_dir
 
-__all__ = ["KernelStore", "StoreError", "check_local_world", "default_build_dir", "OUTPUTS"]
+__all__ = ["KernelStore", "StoreError", "check_local_world", "default_build_dir", "tier_up_build_dir", "OUTPUTS"]
 
 OUTPUTS = "aclnn_static_shape_kernel_outputs"
 LOCK = ".build.lock"
@@ -35,10 +36,18 @@ class StoreError(RuntimeError):
     """The build folder or the process set-up does not allow static kernels; the message says why."""
 
 
+# The build folder when the config names none (``..._aclnn_static_shape_kernel_build_dir``): both defaults live here.
+
 def default_build_dir() -> str:
     """The seed's default: the folder of the running script (the working folder when there is none)."""
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
     return os.path.dirname(os.path.abspath(script)) if script and os.path.exists(script) else os.getcwd()
+
+
+def tier_up_build_dir() -> str:
+    """Where tiered-up graphs keep their static kernels: ``kernels/`` in the per-user cache folder
+    (`rewrite.persist.folders`), beside the signing key; made private to this user when missing."""
+    return user_cache_dir("kernels", create=True)
 
 
 def check_local_world() -> int | None:

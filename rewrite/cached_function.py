@@ -39,13 +39,15 @@ import threading
 
 import torch
 
-from ..config import CompilerConfig
-from ..export.errors import ExportError
-from ..export.weights import collected_weight
-from .graphs import GRAPHS_FILE, _Reader, _Writer, check_error, decode_graphs, encode_graphs
-from .key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
-from .store import CacheDir, count, digest_of
-from .aot import gear_graphs_by_key, gear_label
+from . import ops
+from .cache.aot import gear_graphs_by_key, gear_label
+from .cache.graphs import GRAPHS_FILE, LiveWeightReader, LiveWeightWriter, check_error, decode_graphs, encode_graphs
+from .cache.key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
+from .cache.store import CacheDir, count, digest_of
+from .config import CompilerConfig
+from .persist.checks import read_json
+from .persist.errors import ExportError
+from .persist.weights import collected_weight
 
 log = logging.getLogger("rewrite")
 
@@ -73,7 +75,7 @@ def cache_compile(func, *, config: CompilerConfig | None = None, backend=None, d
         raise TypeError(f"cache_compile wraps a bound method of a torch.nn.Module (e.g. self.inner_forward), got "
                         f"{type(func).__name__} {getattr(func, '__qualname__', func)!r}")
     if backend is not None:
-        from ..backend import RewriteBackend  # imported only here: it costs 0.4 s, a warm start needs none of it
+        from .backend import RewriteBackend  # imported only here: it costs 0.4 s, a warm start needs none of it
 
         if not isinstance(backend, RewriteBackend):
             raise TypeError(f"backend must come from rewrite.get_backend(...), got {type(backend).__name__}")
@@ -88,7 +90,7 @@ def cache_compile(func, *, config: CompilerConfig | None = None, backend=None, d
     if custom_decompositions is not None and not isinstance(custom_decompositions, dict):
         raise TypeError("custom_decompositions must be a dict {OpOverload: function} (torch._decomp.get_decompositions)")
     if custom_decompositions is None and backend is not None and backend.decompositions is not None:
-        from ..backend import decomposition_table
+        from .backend import decomposition_table
 
         extra = {k: v for k, v in backend.decompositions.items() if decomposition_table().get(k) is not v}
         custom_decompositions = extra or None
@@ -150,12 +152,6 @@ class _Bound(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         return self._fn(self.inner, *args, **kwargs)
-
-
-def _is_random(node) -> bool:
-    from ..export.exporter import _is_random as random_op
-
-    return random_op(node)
 
 
 class CachedFunction:
@@ -232,7 +228,7 @@ class CachedFunction:
         A call whose inputs carry marks (re)sets the function's gears; a call without marks, with as
         many inputs of the same ranks, uses them. The gears are part of the key, so either way the
         call finds the entry the marked call wrote."""
-        from ..gears import get_dim_gears
+        from .gears import get_dim_gears
 
         marked = tuple(get_dim_gears(leaf) if isinstance(leaf, torch.Tensor) else {} for leaf in flat)
         if any(marked):
@@ -267,7 +263,7 @@ class CachedFunction:
     @staticmethod
     def _mark(flat: list, gears: tuple) -> None:
         """Put the remembered gears on this call's inputs, so a compile traces them as the marked call did."""
-        from ..gears import get_dim_gears, set_dim_gears
+        from .gears import get_dim_gears, set_dim_gears
 
         for leaf, g in zip(flat, gears):
             if g and not get_dim_gears(leaf):
@@ -304,8 +300,7 @@ class CachedFunction:
 
     def _load(self, fields, args, kwargs):
         """(the loaded program, its result for this call) on a hit, else None (a miss, logged)."""
-        from ..export.checks import read_json
-        from ..export.loader import ExportedModel
+        from .export.loader import ExportedModel
 
         folder = self.cache.lookup(self.rel, fields, f"{type(self._module).__name__}.{self.__name__}")
         if folder is None:
@@ -315,7 +310,7 @@ class CachedFunction:
             trusted = self.cache.trusted_digests(folder, fields)  # {} unless this user's rewrite signed the entry
             program, raw = read_json(os.path.join(folder, PROGRAM_FILE), "cache file", PROGRAM_FILE)
             live_data, _ = read_json(os.path.join(folder, LIVE_FILE), "cache file", LIVE_FILE)
-            reader = _Reader(folder, program.get("weights", {}), live_data.get("live", {}), live, PROGRAM_FILE)
+            reader = LiveWeightReader(folder, program.get("weights", {}), live_data.get("live", {}), live, PROGRAM_FILE)
             reader.verify_all()
             gear_graphs = {}
             if os.path.isdir(os.path.join(folder, "gears")):
@@ -335,11 +330,11 @@ class CachedFunction:
         return loaded, result
 
     def _compile(self, fields, args, kwargs):
-        from ..export.capture import capture
-        from ..export.exporter import graph_file_text
-        from ..export.loader import ExportedModel
-        from ..export.program import build_program
-        from ..fx_bridge import CompileError
+        from .export.capture import capture
+        from .export.exporter import graph_file_text
+        from .export.loader import ExportedModel
+        from .export.program import build_program
+        from .fx_bridge import CompileError
 
         count("traced")
         config = copy.deepcopy(self.config)
@@ -347,13 +342,15 @@ class CachedFunction:
         model = _Bound(self._module, self._fn)
         log.info("cache_compile %s: tracing and compiling", self.__name__)
         cap = capture(model, args, kwargs, self.dynamic, config, self.decompositions)
-        random = [n for n in cap.graph.nodes if _is_random(n)]
+        random = [n for n in cap.graph.nodes
+                  if n.kind == "call" and ops.draws_random_numbers(n.target, n.args, n.kwargs)]
         if random:
             raise CompileError(f"{RNG_MESSAGE}: {self.__name__} calls {random[0].op} (node {random[0].name}); "
                                "its results would differ from eager (RNG state) after a load")
         live = self._live()
         prog = build_program(cap, model, args, kwargs, name="program", dynamic=self.dynamic, config=config, folder="",
-                             rank=None, world_size=None, weight_writer=lambda names, folder: _Writer(live, folder))
+                             rank=None, world_size=None,
+                             weight_writer=lambda names, folder: LiveWeightWriter(live, folder))
         writer = prog.weights
         data = json.loads(json.dumps(prog.data))
         reader = _InMemoryReader(writer, live)
@@ -372,10 +369,10 @@ class CachedFunction:
         return loaded
 
 
-class _InMemoryReader(_Reader):
+class _InMemoryReader(LiveWeightReader):
     """The program's weights straight from the writer (the first process reads nothing back from disk)."""
 
-    def __init__(self, writer: _Writer, live: dict):
+    def __init__(self, writer: LiveWeightWriter, live: dict):
         super().__init__(".", writer.records(), writer.live_records, live, PROGRAM_FILE)
         self._writer = writer
 

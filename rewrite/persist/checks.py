@@ -1,4 +1,4 @@
-"""Reading untrusted export files: one validator per concept, each error naming the file and field.
+"""Reading untrusted files (exports, cache entries): one validator per concept, each error naming the file and field.
 
 An export folder may come from anyone (docs/export_format.md, "Security"), so every value read from
 it goes through one of these before it is used:
@@ -20,12 +20,12 @@ import keyword
 import math
 import os
 import re
-import stat
 
 import torch
 
 from .. import ops
 from .errors import ExportError
+from .reading import read_regular
 
 __all__ = [
     "FILE_NAME",
@@ -215,27 +215,15 @@ def read_file(path: str, what: str, size: int | None = None, max_size: int | Non
     """The bytes of a regular file, read only once its size is known to be ``size`` (or at most ``max_size``).
 
     ``what`` names the file in messages ("weight file x.safetensors for weight 'w'"). FIFOs, devices
-    and folders are refused before any read, so a crafted entry cannot block or stream without end.
+    and folders are refused before any read (`rewrite.persist.reading`), so a crafted entry cannot
+    block or stream without end.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        return read_regular(path, size=size, max_size=max_size)
     except FileNotFoundError:
         raise ExportError(f"{what} is missing") from None
     except OSError as e:
-        raise ExportError(f"{what} cannot be opened: {e.strerror}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise ExportError(f"{what} is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        if size is not None and info.st_size != size:
-            raise ExportError(f"{what} has {info.st_size} bytes, expected {size} (truncated or replaced)")
-        if max_size is not None and info.st_size > max_size:
-            raise ExportError(f"{what} has {info.st_size} bytes; at most {max_size} are allowed")
-        data = f.read(info.st_size + 1)
-    if len(data) != info.st_size:
-        raise ExportError(f"{what} changed size while it was read")
-    return data
+        raise ExportError(f"{what} {e}") from None
 
 
 def _refuse_constant(name):

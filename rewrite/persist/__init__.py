@@ -1,0 +1,18 @@
+"""rewrite's own files: the ground floor that export/, cache/ and kernels/ stand on.
+
+Everything rewrite writes and later reads back, and how (every file read may be hostile: DESIGN.md,
+"Safety"):
+
+* format.py: graphs as versioned JSON (docs/export_format.md); expr.py: the grammar of shape
+  expressions; weights.py: weight files (safetensors, each with its sha256); allowlist.py: the ops
+  a file may name; checks.py: one validator per field kind; document.py: the header and recorded
+  shapes every graph file is checked for; errors.py: `ExportError`, the one error of all of these;
+* reading.py: the one safe way to open a file (bounded, regular, no symlink, never blocks);
+* atomic.py: the one way to publish a file, or a set of files, whole;
+* signing.py: this user's HMAC key (static-kernel artifacts, cache entries);
+* folders.py: the per-user cache folder.
+
+It imports none of export/, cache/, kernels/ or the backend; it stands on ir, ops and shape (and,
+until wait ordering moves to the IR, format.py on exec/streams.py). The
+package itself imports nothing, so a light module (folders, atomic) costs only itself.
+"""
