@@ -168,7 +168,7 @@ class ExecConfig(_Section):
     stream_intra_op_threads = _Number(0, 0, 1024)
     # Default mode, CPU: a static inference graph (each gear) runs its ATen code this many calls; the call
     # after that makes it hot: it gets reduce-overhead's execution plan and static C kernels
-    # (rewrite.exec.program), built once and kept in $XDG_CACHE_HOME/rewrite/kernels. 0: never.
+    # (rewrite.exec.program), built once and kept in the per-user cache folder (rewrite.persist.folders). 0: never.
     tier_up_calls = _Number(8, 0, 2**31 - 1, unit="calls")
 
 

@@ -20,7 +20,7 @@ intermediate) runs its plain code; the report says so.
 The default mode tiers up instead (`rewrite.policy`, ``config.exec.tier_up_calls``): a static CPU graph
 runs its ATen code for its first calls, so a graph called once or twice never pays for a C
 compile, and the call after them plans it on that call's inputs and builds its static kernels
-(into ``$XDG_CACHE_HOME/rewrite/kernels`` unless the build dir is configured), as reduce-overhead
+(into the per-user cache's ``kernels/`` unless the build dir is configured, `rewrite.kernels.build_dir`), as reduce-overhead
 does at compile time. Whatever stands in the way (no C compiler, an unwritable cache folder,
 several processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
 ATen code, with a note, never an error. Graphs whose extra observed run would show outside them
@@ -29,7 +29,6 @@ ATen code, with a note, never an error. Graphs whose extra observed run would sh
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import torch
@@ -44,7 +43,7 @@ from .planned import PlannedExecutable
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["PlannedProgram", "device_of", "program_for", "tier_up_build_dir"]
+__all__ = ["PlannedProgram", "device_of", "program_for"]
 
 
 def device_of(graph: Graph) -> torch.device:
@@ -60,13 +59,6 @@ def program_for(unit: CompileUnit) -> "PlannedProgram | None":
     """The `PlannedProgram` of one compiled function when its policy plans graphs (reduce-overhead, or
     the default mode's tier-up); None: its graphs run as built."""
     return PlannedProgram(unit) if unit.policy.planned else None
-
-
-def tier_up_build_dir() -> str:
-    """Where tiered-up graphs keep their static kernels (`rewrite.kernels.store.tier_up_build_dir`)."""
-    from ..kernels.store import tier_up_build_dir as build_dir
-
-    return build_dir()
 
 
 def _seen_outside(graph: Graph) -> str | None:
@@ -199,15 +191,13 @@ class PlannedProgram:
         if self.kernels is None and self.static_kernels:
             from ..kernels import StaticKernelError, StaticKernels
 
-            if not self.policy.kernels_optional:
+            try:
                 self.kernels = StaticKernels(self.config, self.unit)
-            else:
-                try:
-                    configured = self.config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir
-                    self.kernels = StaticKernels(self.config, self.unit, configured or tier_up_build_dir())
-                except (StaticKernelError, OSError) as e:
-                    self.static_kernels = False  # plan memory only
-                    self._note(f"tier-up without static kernels: {e}")
+            except (StaticKernelError, OSError) as e:
+                if not self.policy.kernels_optional:
+                    raise
+                self.static_kernels = False  # plan memory only
+                self._note(f"tier-up without static kernels: {e}")
         return self.kernels
 
     def observe(self, gear: _Gear, inputs: list) -> None:

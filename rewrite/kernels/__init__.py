@@ -25,7 +25,7 @@ from ..config import REDUCE_OVERHEAD_MODES, ConfigError, is_reduce_overhead
 from ..ir import Node
 from ..ops import target_name
 from . import artifact, cgen, compiler, signature
-from .store import KernelStore, StoreError, check_local_world, default_build_dir
+from .store import KernelStore, StoreError, check_local_world, default_build_dir, tier_up_build_dir
 
 log = logging.getLogger("rewrite")
 
@@ -41,8 +41,11 @@ class StaticKernelError(RuntimeError):
     """Static kernels cannot be used as configured; the message says what to change."""
 
 
-def _build_dir(config) -> str:
-    return config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir or default_build_dir()
+def build_dir(config, tiered: bool = False) -> str:
+    """The one choice of the static-kernel build folder: the configured one, else the per-user cache
+    for the default mode's tier-up (``tiered``), else the seed's default (the script's folder)."""
+    configured = config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir
+    return configured or (tier_up_build_dir() if tiered else default_build_dir())
 
 
 def check_config(config) -> None:
@@ -55,7 +58,7 @@ def check_config(config) -> None:
                           f"mode), got {config.mode!r}")
     try:
         check_local_world()
-        KernelStore(_build_dir(config))
+        KernelStore(build_dir(config))
     except StoreError as e:
         raise StaticKernelError(str(e)) from None
 
@@ -131,11 +134,10 @@ def _constant_value(node: Node):
 class StaticKernels:
     """The static kernels of one compiled function (all its gears): decide, record, build, bind."""
 
-    def __init__(self, config, unit, build_dir: str | None = None):
-        """``build_dir``: the build folder (default: the configured one, else the seed's default)."""
+    def __init__(self, config, unit):
         try:
             check_local_world()
-            self.store = KernelStore(build_dir or _build_dir(config))
+            self.store = KernelStore(build_dir(config, tiered=unit.policy.tiers_up))
         except StoreError as e:
             raise StaticKernelError(str(e)) from None
         self.unit = unit
