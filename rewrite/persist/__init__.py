@@ -10,9 +10,9 @@ Everything rewrite writes and later reads back, and how (every file read may be 
 * reading.py: the one safe way to open a file (bounded, regular, no symlink, never blocks);
 * atomic.py: the one way to publish a file, or a set of files, whole;
 * signing.py: this user's HMAC key (static-kernel artifacts, cache entries);
-* folders.py: the per-user cache folder.
+* folders.py: the per-user cache folder, and the rule every folder of ours must pass (private, no symlinks).
 
-It imports none of export/, cache/, kernels/ or the backend; it stands on ir, ops and shape (and,
-until wait ordering moves to the IR, format.py on exec/streams.py). The
+It imports none of export/, cache/, kernels/, exec/ or the backend; it stands on ir, ops, shape and
+waits (wait ordering, which the format checks). The
 package itself imports nothing, so a light module (folders, atomic) costs only itself.
 """

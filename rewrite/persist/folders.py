@@ -1,14 +1,20 @@
-"""The per-user cache folder: where rewrite keeps what it made for this user on this machine.
+"""Folders rewrite keeps files in: the per-user cache folder, and the rule every such folder must pass.
 
 One computation for everything that lives there (the cost model's calibration, the signing key,
 the kernels of tiered-up graphs), so they can never end up in folders that disagree:
 ``$REWRITE_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/rewrite``, else ``~/.cache/rewrite``.
+
+A folder whose files decide what runs (a compile cache, a kernel build folder, the per-user cache)
+must be this user's own: `check_private_folder` refuses a symlink, another user's folder, or one
+that others may write into; `private_folder` makes a missing one with mode 0700; `confined_folder`
+makes the levels below such a folder without following a symlink out of it.
 """
 from __future__ import annotations
 
 import os
+import stat
 
-__all__ = ["user_cache_dir"]
+__all__ = ["user_cache_dir", "FolderRefused", "check_private_folder", "private_folder", "confined_folder"]
 
 
 def user_cache_dir(*parts: str, create: bool = False) -> str:
@@ -21,4 +27,53 @@ def user_cache_dir(*parts: str, create: bool = False) -> str:
     path = os.path.join(root, *parts)
     if create:
         os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+class FolderRefused(OSError):
+    """A folder rewrite will not keep files in: a symlink, not a folder, another user's, or open to
+    others' writes. The message names the folder and what is wrong with it."""
+
+
+def check_private_folder(path: str) -> None:
+    """Refuse ``path`` unless it is a real folder (not a symlink) owned by this user that no one else may
+    write into: anyone who can write there can plant or swap files (ssh's and pip's rule)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise FolderRefused(f"{path} does not exist") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise FolderRefused(f"{path} is a symlink; rewrite keeps its files only in a real folder")
+    if not stat.S_ISDIR(info.st_mode):
+        raise FolderRefused(f"{path} is not a folder")
+    if info.st_uid != os.getuid():
+        raise FolderRefused(f"{path} belongs to another user (uid {info.st_uid}); use a folder of your own")
+    if info.st_mode & 0o022:
+        raise FolderRefused(f"{path} may be written by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+                            f"make it private (chmod go-w) or use another folder")
+
+
+def private_folder(path: str) -> str:
+    """``path``, made (mode 0700, every missing level) when missing, then checked by `check_private_folder`."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    check_private_folder(path)
+    return path
+
+
+def confined_folder(root: str, rel: str) -> str:
+    """The folder ``rel`` below ``root``, made level by level (mode 0700) where missing; refused when any
+    level below ``root`` is a symlink or not a folder, so nothing written there lands outside ``root``."""
+    path = root
+    for part in [p for p in rel.split(os.sep) if p]:
+        if part in (".", ".."):
+            raise FolderRefused(f"{rel!r} leaves {root}")
+        path = os.path.join(path, part)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise FolderRefused(f"{path} is {'a symlink' if stat.S_ISLNK(info.st_mode) else 'not a folder'}; "
+                                f"rewrite writes below {root} only into real folders")
     return path
