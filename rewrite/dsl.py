@@ -22,6 +22,12 @@ Patterns
     ``Var(name)`` / ``variables("x y z")``
         A pattern variable. It matches any argument: a tensor-valued node, a size (SymInt), a
         scalar, a list. The same name used twice must bind the same value (the same e-class).
+    ``var(name, dtype=..., rank=...)`` / ``variables("x w", dtype=FLOATS, rank=2)``
+        A typed variable: every rule using it gets ``dtype_is`` / ``rank_is`` conditions for it
+        (first among its conditions), so a family of rules states its operand types once.
+    Commutative ops (``rewrite.ops.COMMUTATIVE``: add, mul, maximum, ...) match both operand
+        orders: ``rule(aten.mul.Tensor(x, c), x, ...)`` also rewrites ``c * x`` (``Rule.orders``;
+        ``rule(..., commute=False)`` keeps the written order).
     ``aten.<op>.<overload>(*args, **kwargs)``, ``op(target)(*args, **kwargs)``
         An ``OpPattern`` for a call of that target. ATen calls are stored in canonical form: every
         schema argument is present, missing ones filled with their schema default. So a pattern
@@ -988,27 +994,31 @@ class Rule:
         return f"{self.name}: {self.lhs!r} -> {rhs} when {when}{rounding}{orders}"
 
 
-def _commutes(p: OpPattern) -> bool:
+def _commutes(p: OpPattern, tensors: set) -> bool:
     """Whether swapping ``p``'s two operands gives another pattern of the same value: a commutative
     op on two non-literal operands (a literal scalar is never ``self`` of an ATen call) with its
-    other arguments at their defaults (``add(x, y, alpha=2)`` does not commute)."""
+    other arguments at their defaults (``add(x, y, alpha=2)`` does not commute). The first operand
+    must be known to be a tensor (an op's result, or a variable in ``tensors``: one with a dtype
+    condition): ``self`` only holds tensors, the second operand may bind a Python scalar too."""
     if p.target not in COMMUTATIVE or len(p.args) != 2 or not all(isinstance(a, Pattern) for a in p.args):
+        return False
+    if not (isinstance(p.args[0], OpPattern) or (isinstance(p.args[0], Var) and p.args[0].name in tensors)):
         return False
     if p.args[0] is p.args[1] or (isinstance(p.args[0], Var) and p.args[0] == p.args[1]):
         return False
     return all(not isinstance(v, Pattern) and same_value(schema_default(p.target, k), v) for k, v in p.kwargs.items())
 
 
-def _swaps(p) -> list:
+def _swaps(p, tensors: set) -> list:
     """``p`` with every combination of commutative operands swapped (``p`` itself first)."""
     if isinstance(p, (list, tuple)):
-        return [type(p)(combo) for combo in itertools.product(*map(_swaps, p))]
+        return [type(p)(combo) for combo in itertools.product(*(_swaps(a, tensors) for a in p))]
     if not isinstance(p, OpPattern) or p.target is SIBLINGS:
         return [p]
     out = []
-    for args in itertools.product(*map(_swaps, p.args)):
+    for args in itertools.product(*(_swaps(a, tensors) for a in p.args)):
         out.append(OpPattern(p.target, tuple(args), p.kwargs))
-        if _commutes(p):
+        if _commutes(p, tensors):
             out.append(OpPattern(p.target, (args[1], args[0]), p.kwargs))
     return out
 
@@ -1035,7 +1045,8 @@ def operand_orders(r: Rule) -> list:
     what commutativity gives anyway, and only where it holds). ``x + y -> y + x``, commutativity
     itself, thus stays one order; ``x * c -> x when c == 1`` gets ``c * x``."""
     out, seen = [r.lhs], {repr(r.lhs)}
-    for lhs in _swaps(r.lhs)[1:]:
+    tensors = {c.x.name for c in r.when if isinstance(c, DtypeIn)}
+    for lhs in _swaps(r.lhs, tensors)[1:]:
         if repr(lhs) in seen or (not r.is_computed and repr(lhs) == repr(r.rhs)):
             continue
         seen.add(repr(lhs))
@@ -1046,7 +1057,7 @@ def operand_orders(r: Rule) -> list:
             rhs = repr(_renamed(r.rhs, rename))
             same_when = (sorted(repr(_renamed_condition(c, rename)) for c in r.when)
                          == sorted(repr(_renamed_condition(c, {})) for c in r.when))
-            if (rhs == repr(r.rhs) and same_when) or (rhs != repr(r.rhs) and rhs in {repr(p) for p in _swaps(r.rhs)}):
+            if (rhs == repr(r.rhs) and same_when) or (rhs != repr(r.rhs) and rhs in {repr(p) for p in _swaps(r.rhs, tensors)}):
                 continue
         out.append(lhs)
     return out
