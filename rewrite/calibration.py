@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from . import ops
 from .persist.atomic import atomic_write_text
 from .persist.folders import user_cache_dir
 from .persist.reading import read_regular
@@ -48,9 +49,8 @@ __all__ = ["Rate", "Calibration", "CalibrationError", "DEFAULT", "current", "use
 
 FORMAT = 2
 MAX_FILE_BYTES = 64 * 1024
-FAMILIES = ("gemm", "fused_linear", "packed_linear", "attention", "convolution", "normalization", "copy",
-            "pointwise")
-COMPUTE_FAMILIES = FAMILIES[:5]  # rates in flops/s; the others in bytes/s
+FAMILIES = ops.COST_FAMILIES  # what rewrite.cost prices, declared once in rewrite.ops
+COMPUTE_FAMILIES = tuple(ops.COMPUTE_FAMILIES)  # rates in flops/s; the others in bytes/s
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 _SECONDS = (1e-9, 0.1)     # bounds of a plausible overhead
 _RATE = (1e3, 1e16)        # bounds of a plausible flops/s or bytes/s

@@ -6,7 +6,7 @@ cheaper graph" check, by ``exec.auto_streams`` (which branches are worth a strea
 
     seconds = overhead(family) + max(work / rate(family, dtype), bytes moved / memory rate) / speed-up
 
-where the family (`FAMILIES`: gemm, fused linear, packed linear, attention, convolution,
+where the family (`FAMILIES`, declared in `rewrite.ops`: gemm, fused linear, packed linear, attention, convolution,
 normalization, copy, pointwise) says what ``work`` is (flops, or bytes) and the rates are
 *measured* on this machine by `rewrite.calibration` (a micro-benchmark of a second or two, cached
 per machine, torch version and thread count; ``python -m rewrite calibrate`` re-runs it); rates are
@@ -39,23 +39,13 @@ PARALLEL_GRAIN_S = 100e-6  # one thread's work from which a kernel gets the meas
 SYMBOL_SIZE = 64         # what a symbolic size counts as
 FOLD_SIZE_LIMIT = 65_536  # config.rules.fold_size_limit's default: what the cost model assumes folds
 
-# Op families by what bounds them; the rest is "pointwise" (memory-bound, one pass over the data).
-_ADD_MATMULS = ops._overloads("addmm.default", "baddbmm.default")
-_COMPUTE = {  # family -> targets whose work is counted in flops
-    "gemm": ops.MATMULS,
-    "fused_linear": ops.FUSED_LINEARS,
-    "packed_linear": ops.PACKED_LINEARS,
-    "attention": ops.ATTENTION,
-    "convolution": ops.CONVOLUTIONS,
-}
-_MEMORY = {  # family -> targets whose work is the bytes they move
-    "normalization": ops.LAYER_NORMS | ops.BATCH_NORMS | ops.SOFTMAXES | ops.REDUCTIONS,
-    "copy": ops.COPIES | ops.CONCATS,
-}
-FAMILIES = (*_COMPUTE, *_MEMORY, "pointwise")
+# Op families by what bounds them (`ops.COST_FAMILIES`); the rest is "pointwise".
+_COMPUTE = ops.COMPUTE_FAMILIES  # family -> targets whose work is counted in flops
+_MEMORY = ops.MEMORY_FAMILIES    # family -> targets whose work is the bytes they move
+FAMILIES = ops.COST_FAMILIES
 _FAMILY = {t: f for f, targets in {**_COMPUTE, **_MEMORY}.items() for t in targets}
 # reshape too: it is a view whenever the layout allows, and the graphs it runs in are dense
-_FREE = ops.VIEWS | ops.SIZE_QUERIES | {operator.getitem} | ops._overloads("reshape.default")
+_FREE = ops.VIEWS | ops.SIZE_QUERIES | {operator.getitem} | ops.overloads("reshape.default")
 
 
 def family_of(target) -> str:
@@ -97,7 +87,7 @@ def flops(target, out_meta, in_metas: list) -> float:
     family = family_of(target)
     if family in ("gemm", "fused_linear", "packed_linear") and tensors:
         # 2*M*N*K: the output's elements times the reduced dimension (last dim of the activation)
-        a = tensors[1] if target in _ADD_MATMULS and len(tensors) > 1 else tensors[0]
+        a = tensors[1] if target in ops.ADD_MATMULS and len(tensors) > 1 else tensors[0]
         k = _concrete(a.shape[-1]) if a.shape else 1
         return 2.0 * out_n * k
     if family == "convolution" and len(tensors) > 1:

@@ -22,6 +22,12 @@ Patterns
     ``Var(name)`` / ``variables("x y z")``
         A pattern variable. It matches any argument: a tensor-valued node, a size (SymInt), a
         scalar, a list. The same name used twice must bind the same value (the same e-class).
+    ``var(name, dtype=..., rank=...)`` / ``variables("x w", dtype=FLOATS, rank=2)``
+        A typed variable: every rule using it gets ``dtype_is`` / ``rank_is`` conditions for it
+        (first among its conditions), so a family of rules states its operand types once.
+    Commutative ops (``rewrite.ops.COMMUTATIVE``: add, mul, maximum, ...) match both operand
+        orders: ``rule(aten.mul.Tensor(x, c), x, ...)`` also rewrites ``c * x`` (``Rule.orders``;
+        ``rule(..., commute=False)`` keeps the written order).
     ``aten.<op>.<overload>(*args, **kwargs)``, ``op(target)(*args, **kwargs)``
         An ``OpPattern`` for a call of that target. ATen calls are stored in canonical form: every
         schema argument is present, missing ones filled with their schema default. So a pattern
@@ -95,6 +101,7 @@ Rulesets
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import operator
 import zlib
@@ -102,11 +109,11 @@ from typing import Any, Iterable
 
 import torch
 
-from .ops import (ALL_DTYPES, FLOATS, INTS, NO_DEFAULT, OpError, canonical_call, dtype_str, is_pointwise,
+from .ops import (ALL_DTYPES, COMMUTATIVE, FLOATS, INTS, NO_DEFAULT, OpError, canonical_call, dtype_str, is_pointwise,
                   register_target, schema_default, schema_types, shape_key, splat_key, target_from_name, target_name)
 
 __all__ = [
-    "Pattern", "Var", "Lit", "OpPattern", "variables", "op", "aten", "prims",
+    "Pattern", "Var", "Lit", "OpPattern", "var", "variables", "op", "aten", "prims",
     "Condition", "is_float", "is_integer", "is_bool", "dtype_is", "same_dtype", "same_shape",
     "shape_is", "rank_is", "value_is", "is_uniform", "is_const", "is_scalar", "made_by", "on_device", "dims_agree", "dim_is", "siblings", "SIBLINGS",
     "Rule", "RuleSet", "rule", "in_domain", "evaluate", "canonical_call", "target_name", "target_from_name",
@@ -132,13 +139,35 @@ class Pattern:
 
 @dataclasses.dataclass(frozen=True)
 class Var(Pattern):
-    """A pattern variable: matches anything; repeated names must bind the same value."""
+    """A pattern variable: matches anything; repeated names must bind the same value.
+
+    Declared with ``dtypes`` and/or ``rank`` (`var`, `variables`), it is a typed variable: every
+    rule using it gets ``dtype_is(v, *dtypes)`` and ``rank_is(v, rank)`` among its conditions
+    (`Var.conditions`), so a family of rules states its operands' types once. Equality and
+    hashing are by name only.
+    """
 
     name: str
+    dtypes: tuple | None = dataclasses.field(default=None, compare=False)
+    rank: int | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         if not self.name.isidentifier():
             raise RuleError(f"pattern variable name {self.name!r} must be a Python identifier")
+        if isinstance(self.dtypes, torch.dtype):
+            object.__setattr__(self, "dtypes", (self.dtypes,))
+        if self.dtypes is not None:
+            object.__setattr__(self, "dtypes", tuple(self.dtypes))
+            if not self.dtypes or not all(isinstance(d, torch.dtype) for d in self.dtypes):
+                raise RuleError(f"variable {self.name}: dtype must be a torch.dtype or a non-empty sequence of them, "
+                                f"got {self.dtypes!r}")
+        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0):
+            raise RuleError(f"variable {self.name}: rank must be a non-negative int, got {self.rank!r}")
+
+    def conditions(self) -> list:
+        """The conditions the variable's declared type stands for (none for a plain variable)."""
+        return (([DtypeIn(self, self.dtypes)] if self.dtypes is not None else [])
+                + ([RankIs(self, self.rank)] if self.rank is not None else []))
 
     def __repr__(self):
         return self.name
@@ -231,9 +260,35 @@ def _collect_vars(p, out: list[str]) -> None:
         _collect_vars(p.value, out)
 
 
-def variables(names: str) -> tuple[Var, ...]:
-    """``x, y = variables("x y")``."""
-    return tuple(Var(n) for n in names.replace(",", " ").split())
+def var(name: str, dtype=None, rank: int | None = None) -> Var:
+    """One pattern variable, typed if ``dtype`` (a dtype or a sequence of them) or ``rank`` is given."""
+    return Var(name, dtype, rank)
+
+
+def variables(names: str, dtype=None, rank: int | None = None) -> tuple[Var, ...]:
+    """``x, y = variables("x y")``; ``variables("x w", dtype=FLOATS, rank=2)`` declares their type
+    once for every rule that uses them (see `Var`)."""
+    return tuple(Var(n, dtype, rank) for n in names.replace(",", " ").split())
+
+
+def _vars_of(p, out: dict) -> dict:
+    """The `Var` objects in ``p`` by name, first occurrence first (typed ones win over plain ones)."""
+    if isinstance(p, Var):
+        seen = out.get(p.name)
+        if seen is None or (seen.dtypes is None and seen.rank is None):
+            out[p.name] = p
+        elif (p.dtypes is not None or p.rank is not None) and (p.dtypes, p.rank) != (seen.dtypes, seen.rank):
+            raise RuleError(f"variable {p.name} is declared twice with different types: dtypes {seen.dtypes} rank "
+                            f"{seen.rank}, and dtypes {p.dtypes} rank {p.rank}")
+    elif isinstance(p, OpPattern):
+        for a in list(p.args) + list(p.kwargs.values()):
+            _vars_of(a, out)
+    elif isinstance(p, (list, tuple)):
+        for a in p:
+            _vars_of(a, out)
+    elif isinstance(p, Lit):
+        _vars_of(p.value, out)
+    return out
 
 
 class _OpBuilder:
@@ -803,13 +858,20 @@ def _size_list(v):
 
 @dataclasses.dataclass(eq=False)
 class Rule:
-    """``lhs`` -> ``rhs`` when every condition in ``when`` holds."""
+    """``lhs`` -> ``rhs`` when every condition in ``when`` holds.
+
+    ``orders``: the left sides the rule matches, ``lhs`` first, then ``lhs`` with the operands of
+    its commutative ops (`rewrite.ops.COMMUTATIVE`) swapped (``commute=True``, see `operand_orders`):
+    one rule, one name, for ``x * 1`` and ``1 * x``.
+    """
 
     name: str
     lhs: OpPattern
     rhs: Any  # Pattern, literal, or callable(**binding) -> value
     when: tuple = ()
     exact: bool = True  # False: the replacement may round differently (checked within tolerance)
+    commute: bool = True  # also match the other operand order of commutative ops
+    orders: tuple = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.lhs, OpPattern):
@@ -835,6 +897,13 @@ class Rule:
             if unbound:
                 raise RuleError(f"rule {self.name}: condition {c!r} reads {sorted(unbound)}, "
                                 f"not bound by the left side {self.lhs!r}")
+        self.orders = tuple(operand_orders(self) if self.commute else [self.lhs])
+
+    def each_order(self) -> list["Rule"]:
+        """One rule per left side in `orders` (what `rewrite.testing.check_rule` checks one by one)."""
+        if len(self.orders) == 1:
+            return [self]
+        return [Rule(self.name, lhs, self.rhs, self.when, self.exact, commute=False) for lhs in self.orders]
 
     @property
     def variables(self) -> list[str]:
@@ -870,8 +939,12 @@ class Rule:
         return all(c.holds(binding) for c in self.when) and (self.exact or in_domain(binding))
 
     def match(self, tree) -> dict | None:
-        """Match ``lhs`` against a value tree of `Call` records (see `match`)."""
-        return match(self.lhs, tree)
+        """Match the left side, in any of its `orders`, against a value tree of `Call` records (see `match`)."""
+        for lhs in self.orders:
+            binding = match(lhs, tree)
+            if binding is not None:
+                return binding
+        return None
 
     def apply(self, binding: dict):
         """The replacement's value for concrete ``binding`` (tensors / Python values)."""
@@ -886,7 +959,9 @@ class Rule:
             raise RuleError(f"rule {self.name} has a computed replacement; it runs on the IR, not in egglog")
         scope = compiler.scope()
         left = members(self.lhs)
-        lhs = [p.to_egglog(scope) for p in left] if left else self.lhs.to_egglog(scope)
+        # every operand order is a structural match of its own (same variables, its own streams)
+        lhs = [p.to_egglog(scope) for p in left] if left else [self.lhs.to_egglog(scope)] + [
+            order.to_egglog(compiler.scope()) for order in self.orders[1:]]
         variables = [scope.var(v) for v in self.variables]
         conditions = [atom for c in self.when for atom in c.to_egglog(scope, compiler)]
         if left:
@@ -894,6 +969,7 @@ class Rule:
             return compiler.multi_rule(ruleset, self.name, scope, lhs, variables, conditions, rhs)
         rhs_is_var = isinstance(self.rhs, Var)
         rhs = scope.var(self.rhs.name) if rhs_is_var else _egglog_term(self.rhs, scope, rhs=True)
+        lhs = lhs[0] if len(lhs) == 1 else lhs
         return compiler.rule(ruleset, self.name, scope, lhs, variables, conditions, rhs, rhs_is_var,
                              same_meta=self._swaps_operands())
 
@@ -914,7 +990,89 @@ class Rule:
         # the engine's guard on every rule (see the module docstring), listed with the conditions
         when = ", ".join([*map(repr, self.when), "keeps dtype+shape"])
         rounding = "" if self.exact else " (may round differently)"
-        return f"{self.name}: {self.lhs!r} -> {rhs} when {when}{rounding}"
+        orders = f" ({len(self.orders)} operand orders)" if len(self.orders) > 1 else ""
+        return f"{self.name}: {self.lhs!r} -> {rhs} when {when}{rounding}{orders}"
+
+
+def _commutes(p: OpPattern, tensors: set) -> bool:
+    """Whether swapping ``p``'s two operands gives another pattern of the same value: a commutative
+    op on two non-literal operands (a literal scalar is never ``self`` of an ATen call) with its
+    other arguments at their defaults (``add(x, y, alpha=2)`` does not commute). The first operand
+    must be known to be a tensor (an op's result, or a variable in ``tensors``: one with a dtype
+    condition): ``self`` only holds tensors, the second operand may bind a Python scalar too."""
+    if p.target not in COMMUTATIVE or len(p.args) != 2 or not all(isinstance(a, Pattern) for a in p.args):
+        return False
+    if not (isinstance(p.args[0], OpPattern) or (isinstance(p.args[0], Var) and p.args[0].name in tensors)):
+        return False
+    if p.args[0] is p.args[1] or (isinstance(p.args[0], Var) and p.args[0] == p.args[1]):
+        return False
+    return all(not isinstance(v, Pattern) and same_value(schema_default(p.target, k), v) for k, v in p.kwargs.items())
+
+
+def _swaps(p, tensors: set) -> list:
+    """``p`` with every combination of commutative operands swapped (``p`` itself first)."""
+    if isinstance(p, (list, tuple)):
+        return [type(p)(combo) for combo in itertools.product(*(_swaps(a, tensors) for a in p))]
+    if not isinstance(p, OpPattern) or p.target is SIBLINGS:
+        return [p]
+    out = []
+    for args in itertools.product(*(_swaps(a, tensors) for a in p.args)):
+        out.append(OpPattern(p.target, tuple(args), p.kwargs))
+        if _commutes(p, tensors):
+            out.append(OpPattern(p.target, (args[1], args[0]), p.kwargs))
+    return out
+
+
+def _renamed(p, names: dict):
+    """``p`` with variables renamed by ``names`` (names it lacks are kept)."""
+    if isinstance(p, Var):
+        return Var(names.get(p.name, p.name))
+    if isinstance(p, OpPattern):
+        return OpPattern(p.target, tuple(_renamed(a, names) for a in p.args),
+                         {k: _renamed(v, names) for k, v in p.kwargs.items()})
+    if isinstance(p, (list, tuple)):
+        return type(p)(_renamed(a, names) for a in p)
+    if isinstance(p, Lit):
+        return Lit(_renamed(p.value, names))
+    return p
+
+
+def operand_orders(r: Rule) -> list:
+    """The left sides ``r`` matches: ``r.lhs`` and its commutative operands swapped, less the
+    swaps that add nothing. A swap that is ``r.lhs`` with variables renamed (``x + y`` and
+    ``y + x``) gives the rule back over renamed variables; it is dropped when that renamed rule
+    is ``r`` itself, or builds ``r``'s replacement with operands swapped (``clone(x * y) -> y * x``:
+    what commutativity gives anyway, and only where it holds). ``x + y -> y + x``, commutativity
+    itself, thus stays one order; ``x * c -> x when c == 1`` gets ``c * x``."""
+    out, seen = [r.lhs], {repr(r.lhs)}
+    tensors = {c.x.name for c in r.when if isinstance(c, DtypeIn)}
+    for lhs in _swaps(r.lhs, tensors)[1:]:
+        if repr(lhs) in seen or (not r.is_computed and repr(lhs) == repr(r.rhs)):
+            continue
+        seen.add(repr(lhs))
+        rename = dict(zip(lhs.variables(), r.lhs.variables()))
+        if repr(_renamed(lhs, rename)) == repr(r.lhs):  # the same left side over renamed variables
+            if r.is_computed:
+                continue
+            rhs = repr(_renamed(r.rhs, rename))
+            same_when = (sorted(repr(_renamed_condition(c, rename)) for c in r.when)
+                         == sorted(repr(_renamed_condition(c, {})) for c in r.when))
+            if (rhs == repr(r.rhs) and same_when) or (rhs != repr(r.rhs) and rhs in {repr(p) for p in _swaps(r.rhs, tensors)}):
+                continue
+        out.append(lhs)
+    return out
+
+
+def _renamed_condition(c: Condition, names: dict) -> Condition:
+    """``c`` over renamed variables (symmetric conditions with their two variables in order)."""
+    if not dataclasses.is_dataclass(c):
+        return c
+    fields = {f.name: _renamed(getattr(c, f.name), names) if isinstance(getattr(c, f.name), (Var, Lit)) else getattr(c, f.name)
+              for f in dataclasses.fields(c)}
+    out = type(c)(**fields)
+    if isinstance(out, _SameMeta) and out.y.name < out.x.name:
+        out = type(c)(out.y, out.x)
+    return out
 
 
 def in_domain(binding: dict) -> bool:
@@ -931,11 +1089,21 @@ def in_domain(binding: dict) -> bool:
     return True
 
 
-def rule(lhs: OpPattern, rhs, when: Iterable[Condition] = (), name: str | None = None, exact: bool = True) -> Rule:
-    """Declare ``lhs -> rhs`` (under conditions ``when``; ``exact=False``: may round differently)."""
+def rule(lhs: OpPattern, rhs, when: Iterable[Condition] = (), name: str | None = None, exact: bool = True,
+         commute: bool = True) -> Rule:
+    """Declare ``lhs -> rhs`` (under conditions ``when``; ``exact=False``: may round differently).
+
+    The declared types of typed variables (`Var.conditions`) come first among the conditions, in
+    the order the variables appear. ``commute=False``: match the written operand order only.
+    """
     if name is None:
         name = f"{getattr(lhs, 'name', 'rule')}#{zlib.crc32(repr(lhs).encode()) % 10_000:04d}"
-    return Rule(name, lhs, rhs, tuple(when), exact)
+    found: dict = {}
+    for side in (lhs, rhs):
+        if isinstance(side, Pattern):
+            _vars_of(side, found)
+    declared = [c for v in found.values() for c in v.conditions()]
+    return Rule(name, lhs, rhs, tuple(declared + [c for c in when if c not in declared]), exact, commute)
 
 
 @dataclasses.dataclass

@@ -34,7 +34,8 @@ __all__ = [
     "NO_DEFAULT", "dtype_str", "shape_key", "splat_key", "constant_key", "ContentIndex",
     "FLOATS", "INTS", "SIGNED_INTS", "ALL_DTYPES",
     "is_overload", "is_mutable", "is_nondeterministic", "draws_random_numbers",
-    "is_collective", "COLLECTIVE_NAMESPACES", "is_pointwise", "returns_view", "family_table",
+    "is_collective", "COLLECTIVE_NAMESPACES", "is_pointwise", "returns_view", "family_table", "overloads",
+    "GEMMS", "ADD_MATMULS", "COMMUTATIVE", "COMPUTE_FAMILIES", "MEMORY_FAMILIES", "COST_FAMILIES",
 ]
 
 aten = torch.ops.aten
@@ -421,8 +422,8 @@ WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 
 # -- families ----------------------------------------------------------------------------------------
 
-def _overloads(*names: str) -> frozenset:
-    """ATen overloads by ``op.overload``, skipping those this torch build lacks."""
+def overloads(*names: str) -> frozenset:
+    """ATen overloads by ``op.overload``, skipping those this torch build lacks (how a family is declared)."""
     out = []
     for n in names:
         packet, overload = n.split(".")
@@ -433,67 +434,71 @@ def _overloads(*names: str) -> frozenset:
 
 
 # Views and layout: the result reads its input's elements in another arrangement.
-RESHAPES = _overloads("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default")
-PERMUTES = _overloads("permute.default", "permute_copy.default")
-TRANSPOSES = _overloads("transpose.int", "transpose_copy.int")
-MATRIX_TRANSPOSES = _overloads("t.default", "t_copy.default")
-EXPANDS = _overloads("expand.default", "expand_copy.default")
-UNSQUEEZES = _overloads("unsqueeze.default", "unsqueeze_copy.default")
-SQUEEZES = _overloads("squeeze.dim", "squeeze.dims", "squeeze.default", "squeeze_copy.dim", "squeeze_copy.dims")
-SLICES = _overloads("slice.Tensor", "slice_copy.Tensor")
-SELECTS = _overloads("select.int", "select_copy.int")
-SPLITS = _overloads("split.Tensor", "split_copy.Tensor")
-SPLITS_WITH_SIZES = _overloads("split_with_sizes.default", "split_with_sizes_copy.default")
+RESHAPES = overloads("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default")
+PERMUTES = overloads("permute.default", "permute_copy.default")
+TRANSPOSES = overloads("transpose.int", "transpose_copy.int")
+MATRIX_TRANSPOSES = overloads("t.default", "t_copy.default")
+EXPANDS = overloads("expand.default", "expand_copy.default")
+UNSQUEEZES = overloads("unsqueeze.default", "unsqueeze_copy.default")
+SQUEEZES = overloads("squeeze.dim", "squeeze.dims", "squeeze.default", "squeeze_copy.dim", "squeeze_copy.dims")
+SLICES = overloads("slice.Tensor", "slice_copy.Tensor")
+SELECTS = overloads("select.int", "select_copy.int")
+SPLITS = overloads("split.Tensor", "split_copy.Tensor")
+SPLITS_WITH_SIZES = overloads("split_with_sizes.default", "split_with_sizes_copy.default")
 # The same elements, the same shape: an alias or a fresh copy (possibly of another dtype or layout).
-ALIASES = _overloads("alias.default", "detach.default")
-COPIES = _overloads("clone.default", "lift_fresh_copy.default", "contiguous.default", "_to_copy.default")
+ALIASES = overloads("alias.default", "detach.default")
+COPIES = overloads("clone.default", "lift_fresh_copy.default", "contiguous.default", "_to_copy.default")
 # Ops that move no data: their result is a view of their input (copy variants excluded).
-VIEWS = _overloads("view.default", "_unsafe_view.default", "permute.default", "t.default", "transpose.int",
+VIEWS = overloads("view.default", "_unsafe_view.default", "permute.default", "t.default", "transpose.int",
                    "expand.default", "unsqueeze.default", "squeeze.dim", "squeeze.dims", "squeeze.default",
                    "slice.Tensor", "select.int", "alias.default", "as_strided.default", "detach.default",
                    "split.Tensor", "split_with_sizes.default", "unbind.int")
 # Sizes read off a tensor (SymInt results).
-SIZE_QUERIES = _overloads("sym_size.int", "sym_numel.default", "sym_stride.int", "sym_storage_offset.default")
+SIZE_QUERIES = overloads("sym_size.int", "sym_numel.default", "sym_stride.int", "sym_storage_offset.default")
 # Ops whose result depends on the layout of their input, not only on its values.
-STRIDE_READERS = _overloads("as_strided.default", "as_strided_.default", "as_strided_scatter.default",
+STRIDE_READERS = overloads("as_strided.default", "as_strided_.default", "as_strided_scatter.default",
                             "sym_stride.int", "sym_stride.default", "stride.int")
 
 # Reductions, by where their dim and keepdim arguments sit.
-SUMS = _overloads("sum.dim_IntList", "sum.default", "prod.dim_int", "prod.default")
-MEANS = _overloads("mean.dim", "mean.default")
-VARIANCES = _overloads("var.correction", "var.dim", "std.correction", "std.dim")
-VARIANCE_MEANS = _overloads("var_mean.correction", "std_mean.correction")
-MIN_MAX = _overloads("amax.default", "amin.default")
-ANY_ALL = _overloads("any.dim", "any.dims", "any.default", "all.dim", "all.dims", "all.default")
-ARG_REDUCTIONS = _overloads("argmax.default", "argmin.default")
-MAX_MIN_DIM = _overloads("max.dim", "min.dim")
-FULL_MAX_MIN = _overloads("max.default", "min.default")
-LOGSUMEXP = _overloads("logsumexp.default")
+SUMS = overloads("sum.dim_IntList", "sum.default", "prod.dim_int", "prod.default")
+MEANS = overloads("mean.dim", "mean.default")
+VARIANCES = overloads("var.correction", "var.dim", "std.correction", "std.dim")
+VARIANCE_MEANS = overloads("var_mean.correction", "std_mean.correction")
+MIN_MAX = overloads("amax.default", "amin.default")
+ANY_ALL = overloads("any.dim", "any.dims", "any.default", "all.dim", "all.dims", "all.default")
+ARG_REDUCTIONS = overloads("argmax.default", "argmin.default")
+MAX_MIN_DIM = overloads("max.dim", "min.dim")
+FULL_MAX_MIN = overloads("max.default", "min.default")
+LOGSUMEXP = overloads("logsumexp.default")
 # Along one dim, keeping the shape.
-SOFTMAXES = _overloads("_softmax.default", "_log_softmax.default", "softmax.int", "log_softmax.int")
-SCANS = _overloads("cumsum.default", "cumprod.default")
-SCANS_WITH_INDICES = _overloads("cummax.default", "cummin.default")
-SORTS = _overloads("sort.default", "sort.stable")
-TOP_K = _overloads("topk.default")
+SOFTMAXES = overloads("_softmax.default", "_log_softmax.default", "softmax.int", "log_softmax.int")
+SCANS = overloads("cumsum.default", "cumprod.default")
+SCANS_WITH_INDICES = overloads("cummax.default", "cummin.default")
+SORTS = overloads("sort.default", "sort.stable")
+TOP_K = overloads("topk.default")
 # Reductions over one dim that return (values, indices), like max.dim.
-SELECTIONS = _overloads("kthvalue.default", "median.dim", "mode.default", "nanmedian.dim")
+SELECTIONS = overloads("kthvalue.default", "median.dim", "mode.default", "nanmedian.dim")
 
-MATMULS = _overloads("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "matmul.default",
+MATMULS = overloads("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "matmul.default",
                      "linear.default")
-CONVOLUTIONS = _overloads("convolution.default")
-ATTENTION = _overloads("scaled_dot_product_attention.default", "_scaled_dot_product_flash_attention_for_cpu.default",
+# The BLAS GEMMs graphs call after AOTAutograd: what static kernels generate and rules fold weights into.
+GEMMS = overloads("mm.default", "addmm.default", "bmm.default")
+# GEMMs that add a bias given first (``addmm(b, x, w)``): the activation is their second argument.
+ADD_MATMULS = overloads("addmm.default", "baddbmm.default")
+CONVOLUTIONS = overloads("convolution.default")
+ATTENTION = overloads("scaled_dot_product_attention.default", "_scaled_dot_product_flash_attention_for_cpu.default",
                        "_scaled_dot_product_efficient_attention.default",
                        "_scaled_dot_product_flash_attention.default", "_scaled_dot_product_cudnn_attention.default")
-LAYER_NORMS = _overloads("native_layer_norm.default")
+LAYER_NORMS = overloads("native_layer_norm.default")
 
 # Tensors made from sizes and values alone, or shaped like another tensor.
-FACTORIES = _overloads("zeros.default", "ones.default", "empty.memory_format", "rand.default", "randn.default")
-FULLS = _overloads("full.default")
-RANGES = _overloads("arange.default", "arange.start", "arange.start_step")
-SCALAR_TENSORS = _overloads("scalar_tensor.default")
-LIKE_FACTORIES = _overloads("full_like.default", "zeros_like.default", "ones_like.default", "empty_like.default",
+FACTORIES = overloads("zeros.default", "ones.default", "empty.memory_format", "rand.default", "randn.default")
+FULLS = overloads("full.default")
+RANGES = overloads("arange.default", "arange.start", "arange.start_step")
+SCALAR_TENSORS = overloads("scalar_tensor.default")
+LIKE_FACTORIES = overloads("full_like.default", "zeros_like.default", "ones_like.default", "empty_like.default",
                             "rand_like.default", "randn_like.default")
-NEW_FACTORIES = _overloads("new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default")
+NEW_FACTORIES = overloads("new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default")
 
 # Python arithmetic on sizes (SymInt / SymFloat / SymBool values).
 SIZE_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
@@ -575,6 +580,20 @@ def unfused_linear(op, *args, **kwargs) -> torch.Tensor:
     return LINEAR_BINARY_OPS[a["attr"]](_linear(a["X"], a["W"], a["B"]), a["other"])
 
 
-BATCH_NORMS = _overloads("_native_batch_norm_legit_no_training.default", "_native_batch_norm_legit.default",
+BATCH_NORMS = overloads("_native_batch_norm_legit_no_training.default", "_native_batch_norm_legit.default",
                          "native_batch_norm.default")
-CONCATS = _overloads("cat.default", "stack.default")
+CONCATS = overloads("cat.default", "stack.default")
+
+# Binary ops whose two tensor operands commute (the rest of their arguments at the schema's
+# defaults: ``add(x, y, alpha=2)`` does not). A DSL rule matches both operand orders of these.
+COMMUTATIVE = overloads("add.Tensor", "mul.Tensor", "maximum.default", "minimum.default", "logical_and.default",
+                        "logical_or.default", "logical_xor.default", "bitwise_and.Tensor", "bitwise_or.Tensor",
+                        "bitwise_xor.Tensor", "eq.Tensor", "ne.Tensor")
+
+# Cost families, by what bounds an op's time: `rewrite.cost` prices them and `rewrite.calibration`
+# measures their rates. A compute family's work is its flops, a memory family's the bytes it moves;
+# every other op is "pointwise" (memory-bound, one pass over the data).
+COMPUTE_FAMILIES = {"gemm": MATMULS, "fused_linear": FUSED_LINEARS, "packed_linear": PACKED_LINEARS,
+                    "attention": ATTENTION, "convolution": CONVOLUTIONS}
+MEMORY_FAMILIES = {"normalization": LAYER_NORMS | BATCH_NORMS | SOFTMAXES | REDUCTIONS, "copy": COPIES | CONCATS}
+COST_FAMILIES = (*COMPUTE_FAMILIES, *MEMORY_FAMILIES, "pointwise")

@@ -104,7 +104,7 @@ class RuleCompiler:
                 self.declarations.append(f"(rule ((= __t {term})) (({rel} __t)) :ruleset facts)")
         return self.producer_sets[key]
 
-    def rule(self, ruleset: str, name: str, scope: RuleScope, lhs: str, variables: list[str],
+    def rule(self, ruleset: str, name: str, scope: RuleScope, lhs: str | list[str], variables: list[str],
              conditions: list[str], rhs: str, rhs_is_var: bool, same_meta: bool = False) -> list[str]:
         """Two egglog rules: match the structure, then check conditions on the (few) matches.
 
@@ -113,10 +113,15 @@ class RuleCompiler:
         graph, against 2 ms for the two-stage form. ``same_meta``: the replacement's meta is the
         matched one's by construction (operands of a pointwise op swapped), so it is unioned at
         once instead of waiting for Python to infer its meta (commutativity doubles every add
-        and mul: inferring those metas was most of a large graph's saturation time).
+        and mul: inferring those metas was most of a large graph's saturation time). A list
+        ``lhs``: alternative structural matches (a rule's operand orders) filling one match relation.
         """
         rule_name = ruleset + "/" + name.replace('"', "'")
-        match_row, stage1 = self._match([ROOT], [f"(= {ROOT} {lhs})"], variables, scope, ruleset, rule_name)
+        first, *others = [lhs] if isinstance(lhs, str) else lhs  # others: the same pattern, operands swapped
+        match_row, stage1 = self._match([ROOT], [f"(= {ROOT} {first})"], variables, scope, ruleset, rule_name)
+        stage1 = "\n".join([stage1] + [f"(rule ((= {ROOT} {term})) ({match_row}) :ruleset {ruleset} "
+                                       f":name {quote(f'{rule_name}#{i}{MATCH_SUFFIX}')})"
+                                       for i, term in enumerate(others, 2)])
         facts = [match_row] + [f"(= {STREAM} {s})" for s in scope.streams[1:]] + conditions
         if rhs_is_var or same_meta:
             if rhs_is_var:

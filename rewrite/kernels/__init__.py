@@ -23,7 +23,7 @@ import torch
 
 from ..config import REDUCE_OVERHEAD_MODES, ConfigError, is_reduce_overhead
 from ..ir import Node
-from ..ops import target_name
+from ..ops import GEMMS, target_name
 from . import artifact, cgen, compiler, signature
 from .store import KernelStore, StoreError, check_local_world, default_build_dir, tier_up_build_dir
 
@@ -31,7 +31,6 @@ log = logging.getLogger("rewrite")
 
 __all__ = ["StaticKernels", "StaticKernelError", "check_config"]
 
-_GEMMS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default")
 # Constant weights of at least this many elements get MKL's packed GEMM (a packed copy costs several MB
 # whatever the weight's size, and measured on this machine packing pays from about 384 x 384 on).
 PACK_MIN = 1 << 16
@@ -155,7 +154,7 @@ class StaticKernels:
         """The kernel key for ``node``, or None when it runs its ATen kernel."""
         if not self.enabled or not isinstance(node.target, torch._ops.OpOverload):
             return None
-        if target_name(node.target) in _GEMMS and not self.gemm:
+        if node.target in GEMMS and not self.gemm:
             return None
         try:
             sig = signature.of_node(node, obs.facts)

@@ -5,9 +5,11 @@
 * ``gemm``      - GEMMs with frozen weights: parallel ones merged, scales and batch norms folded (family ``gemm``)
 * ``fused``     - fused ATen kernels as alternatives: tanh GELU, oneDNN linear with post-ops (family ``fused``)
 
-A rule module contributes ``RULESETS: list[RuleSet]``. A ruleset's name is ``family.name``. Which
-rulesets run, in which order and how often is `rewrite.optimizer.SCHEDULE`; hand-written passes
-(folding, dedup, dead edges) live in `rewrite.passes`. Users add rulesets through
+A rule module contributes ``RULESETS: list[RuleSet]`` (and ``LEFT_OUT``, the rules this build
+lacks, with why). A ruleset's name is ``family.name``. `LIBRARY` is the rulesets in the order the
+schedule runs them, as values: `rewrite.optimizer.SCHEDULE` holds them (each with its iteration
+count), this package knows nothing of the schedule. Hand-written passes (folding, dedup, dead
+edges) live in `rewrite.passes`. Users add rulesets through
 ``CompilerConfig().rules.extra`` and switch rules off by name (a rule, a ruleset or a whole family)
 through ``CompilerConfig().rules.disabled`` (`without`).
 """
@@ -15,33 +17,28 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import threading
 
 from ..config import ConfigError
 from ..dsl import RuleSet
+from . import algebra, fused, gemm, shape_ops
 
-__all__ = ["default_rulesets", "check_user_rulesets", "rulesets_of", "without", "family_of", "left_out"]
+__all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "family_of", "left_out"]
 
-
-def rulesets_of(module_names) -> list[RuleSet]:
-    """The rulesets of the named rule modules, in the order given."""
-    out: list[RuleSet] = []
-    for name in module_names:
-        out.extend(importlib.import_module(f"{__name__}.{name}").RULESETS)
-    return out
-
-
-def left_out(module_names) -> list[str]:
-    """Rules the named modules leave out in this build, with why (a fused kernel it lacks)."""
-    return [why for name in module_names for why in getattr(importlib.import_module(f"{__name__}.{name}"), "LEFT_OUT", [])]
+# Shape ops first: they expose algebra matches; GEMM rules and fused kernels see the cleaned graph.
+_MODULES = (shape_ops, algebra, gemm, fused)
+LIBRARY: tuple[RuleSet, ...] = tuple(rs for module in _MODULES for rs in module.RULESETS)
 
 
 def default_rulesets() -> list[RuleSet]:
-    """The library's rulesets, in the order the schedule runs them."""
-    from ..optimizer import SCHEDULE
+    """The library's rulesets, in the order the schedule runs them (`LIBRARY`)."""
+    return list(LIBRARY)
 
-    return rulesets_of(SCHEDULE.saturation.rule_modules)
+
+def left_out() -> list[str]:
+    """Rules the library leaves out in this build, with why (a fused kernel it lacks). Read when
+    asked: a rule module records them as it loads."""
+    return [why for module in _MODULES for why in getattr(module, "LEFT_OUT", ())]
 
 
 def check_user_rulesets(extra) -> list[RuleSet]:

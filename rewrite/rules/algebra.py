@@ -50,15 +50,13 @@ def tensor(v):
     return dtype_is(v, *ALL_DTYPES)
 
 
-# Identity and absorbing elements: ``c`` is a literal scalar or a constant tensor (value_is).
+# Identity and absorbing elements: ``c`` is a literal scalar or a constant tensor (value_is). Each
+# rule also matches its mirror (``c * x``, ``c + x``): add and mul commute (`rewrite.dsl.Rule.orders`).
 IDENTITIES = RuleSet("algebra.identities", [
     rule(aten.mul.Tensor(x, c),         x,                       when=[numeric(x), value_is(c, 1)],     name="mul_one"),
-    rule(aten.mul.Tensor(c, x),         x,                       when=[numeric(x), value_is(c, 1)],     name="one_mul"),
     rule(aten.div.Tensor(x, c),         x,                       when=[is_float(x), value_is(c, 1)],    name="div_one"),
     rule(aten.add.Tensor(x, c),         x,                       when=[is_integer(x), value_is(c, 0)],  name="add_zero_int"),
-    rule(aten.add.Tensor(c, x),         x,                       when=[is_integer(x), value_is(c, 0)],  name="zero_add_int"),
     rule(aten.add.Tensor(x, c),         x,                       when=[is_float(x), value_is(c, -0.0)], name="add_neg_zero_float"),
-    rule(aten.add.Tensor(c, x),         x,                       when=[is_float(x), value_is(c, -0.0)], name="neg_zero_add_float"),
     rule(aten.sub.Tensor(x, c),         x,                       when=[numeric(x), value_is(c, 0)],     name="sub_zero"),
     rule(aten.mul.Tensor(x, c),         aten.neg.default(x),     when=[signed(x), value_is(c, -1)], name="mul_minus_one"),
     rule(aten.div.Tensor(x, c),         aten.neg.default(x),     when=[is_float(x), value_is(c, -1)],   name="div_minus_one"),
@@ -84,7 +82,6 @@ NEGATION = RuleSet("algebra.negation", [
     rule(aten.neg.default(aten.neg.default(x)),                 x,                           when=[numeric(x)], name="neg_neg"),
     rule(aten.sub.Tensor(x, aten.neg.default(y)),               aten.add.Tensor(x, y),       when=[signed(x), same_dtype(x, y)], name="sub_neg"),
     rule(aten.add.Tensor(x, aten.neg.default(y)),               aten.sub.Tensor(x, y),       when=[signed(x), same_dtype(x, y)], name="add_neg"),
-    rule(aten.add.Tensor(aten.neg.default(y), x),               aten.sub.Tensor(x, y),       when=[signed(x), same_dtype(x, y)], name="neg_add"),
     rule(aten.mul.Tensor(aten.neg.default(x), aten.neg.default(y)), aten.mul.Tensor(x, y),   when=[signed(x), same_dtype(x, y)], name="neg_mul_neg"),
     rule(aten.div.Tensor(aten.neg.default(x), aten.neg.default(y)), aten.div.Tensor(x, y),   when=[is_float(x), same_dtype(x, y)], name="neg_div_neg"),
     rule(aten.abs.default(aten.neg.default(x)),                 aten.abs.default(x),         when=[signed(x)], name="abs_neg"),

@@ -24,11 +24,11 @@ from __future__ import annotations
 import torch
 
 from ..ops import LINEAR_POST_OPS
-from ..dsl import RuleSet, aten, dims_agree, dtype_is, is_const, is_float, on_device, op, rank_is, rule, same_dtype, variables
+from ..dsl import RuleSet, aten, dims_agree, is_const, is_float, on_device, op, rule, same_dtype, variables
 
 __all__ = ["GELU", "LINEAR", "RULESETS", "LEFT_OUT", "available"]
 
-x, b, w = variables("x b w")
+x = variables("x")[0]
 mul, add = aten.mul.Tensor, aten.add.Tensor
 
 # -- GPT-2's tanh GELU, spelt out --------------------------------------------------------------------
@@ -94,11 +94,13 @@ def _linear_rules() -> list:
     if not dtypes:
         return []
     linear, addmm = torch.ops.mkldnn._linear_pointwise.default, aten.addmm.default
+    x, w = variables("x w", dtype=dtypes, rank=2)  # the GEMM's operands in a dtype the kernel has
+    b = variables("b", dtype=dtypes, rank=1)[0]
     # oneDNN reads dense operands: the weight transposed the way it reads it, the bias copied dense
     # (a constant may be an expanded view); both computed once, at compile time
     weight, bias = aten.t_copy.default(w), aten.clone.default(b, memory_format=torch.contiguous_format)
-    when = [dtype_is(b, *dtypes), dtype_is(x, *dtypes), on_device(x, "cpu"), rank_is(x, 2), rank_is(w, 2), rank_is(b, 1),
-            same_dtype(w, x), same_dtype(b, x), dims_agree(x, 1, w, 0), dims_agree(b, 0, w, 1), is_const(w), is_const(b)]
+    when = [on_device(x, "cpu"), same_dtype(w, x), same_dtype(b, x), dims_agree(x, 1, w, 0), dims_agree(b, 0, w, 1),
+            is_const(w), is_const(b)]
     return [rule(act(addmm(b, x, w)), op(linear)(x, weight, bias, attr, [], algorithm), when=when, exact=False,
                  name=f"linear_{name}")
             for name, (act, attr, algorithm) in _ACTIVATIONS.items()]

@@ -27,25 +27,25 @@ import operator
 
 import torch
 
-from ..dsl import (RuleSet, aten, dims_agree, dtype_is, is_const, is_float, is_scalar, op, rank_is, rule, same_dtype,
-                   same_shape, siblings, variables)
+from ..dsl import (RuleSet, aten, dims_agree, dtype_is, is_const, is_float, is_scalar, op, rule, same_dtype, same_shape,
+                   siblings, variables)
 from ..ops import FLOATS
 
 __all__ = ["MERGE_PARALLEL", "FOLD_SCALES", "FOLD_BATCH_NORMS", "RULESETS", "fold_conv"]
 
-x, y, c, s, p, m = variables("x y c s p m")
-b0, b1, b2, w0, w1, w2 = variables("b0 b1 b2 w0 w1 w2")
+# GEMM operands, typed once: float matrices x @ w and bias vectors b (also what check_rule draws)
+x, w0, w1, w2 = variables("x w0 w1 w2", dtype=FLOATS, rank=2)
+b0, b1, b2 = variables("b0 b1 b2", dtype=FLOATS, rank=1)
+y, c, s, p, m = variables("y c s p m")
 addmm, mm, bmm, cat = aten.addmm.default, aten.mm.default, aten.bmm.default, aten.cat.default
 mul, add, sub = aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor
 getitem = op(operator.getitem)
 
 
-def _gemm(bias: bool, dtypes=FLOATS) -> list:
-    """What ``addmm(b0, x, w0)`` / ``mm(x, w0)`` needs: float operands of one dtype, a matrix
-    weight, a bias of one value per output column (also what `check_rule` draws, so random
-    instances fit)."""
-    when = [dtype_is(x, *dtypes), rank_is(x, 2), rank_is(w0, 2), same_dtype(w0, x), dims_agree(x, 1, w0, 0)]
-    return when + ([dtype_is(b0, *dtypes), rank_is(b0, 1), same_dtype(x, b0), dims_agree(b0, 0, w0, 1)] if bias else [])
+def _gemm(bias: bool, x=x, w0=w0, b0=b0) -> list:
+    """What ``addmm(b0, x, w0)`` / ``mm(x, w0)`` needs beyond its operands' types: one dtype, a
+    weight whose rows match x's columns, a bias of one value per output column."""
+    return [same_dtype(w0, x), dims_agree(x, 1, w0, 0)] + ([same_dtype(x, b0), dims_agree(b0, 0, w0, 1)] if bias else [])
 
 
 # -- parallel GEMMs reading one activation -----------------------------------------------------------
@@ -84,19 +84,27 @@ def single(v):
     return dtype_is(v, *SINGLE)
 
 
+sx, sw = variables("x w0", dtype=SINGLE, rank=2)  # a GEMM in single or double precision
+sb = variables("b0", dtype=SINGLE, rank=1)[0]
+bx, by = variables("x y", dtype=SINGLE, rank=3)  # bmm operands: batches of matrices
+
+
 # A scalar scale c (a Python number or a 0-dim constant) moves towards the GEMM that produced its
 # operand: through views and copies (exactly: a scalar multiplies every element alike, whatever the shape) and
 # into the left operand of bmm; at an addmm with frozen weights it becomes part of the weights.
+# Written operand order only (``commute=False``): c may have another dtype than the tensor, and
+# then ``c * t`` rounds differently from ``t * c`` (check_rule: float32 c times float16 t).
 _VIEWS = {"view": lambda v: aten.view.default(v, s), "expand": lambda v: aten.expand.default(v, s),
           "permute": lambda v: aten.permute.default(v, p), "clone": lambda v: aten.clone.default(v, memory_format=m)}
 FOLD_SCALES = RuleSet("gemm.fold_scales", [
-    rule(mul(addmm(b0, x, w0), c), addmm(mul(b0, c), x, mul(w0, c)),
-         when=[*_gemm(True, SINGLE), is_const(b0), is_const(w0), is_scalar(c)], exact=False, name="scale_into_addmm"),
-    rule(mul(bmm(x, y), c), bmm(mul(x, c), y), when=[single(x), rank_is(x, 3), rank_is(y, 3), same_dtype(y, x),
-                                                     dims_agree(x, 0, y, 0), dims_agree(x, 2, y, 1), is_scalar(c)],
-         exact=False, name="scale_into_bmm"),
+    rule(mul(addmm(sb, sx, sw), c), addmm(mul(sb, c), sx, mul(sw, c)),
+         when=[*_gemm(True, sx, sw, sb), is_const(sb), is_const(sw), is_scalar(c)], exact=False, commute=False,
+         name="scale_into_addmm"),
+    rule(mul(bmm(bx, by), c), bmm(mul(bx, c), by),
+         when=[same_dtype(by, bx), dims_agree(bx, 0, by, 0), dims_agree(bx, 2, by, 1), is_scalar(c)],
+         exact=False, commute=False, name="scale_into_bmm"),
 ] + [
-    rule(mul(view(y), c), view(mul(y, c)), when=[is_float(y), is_scalar(c)], name=f"scale_before_{name}")
+    rule(mul(view(y), c), view(mul(y, c)), when=[is_float(y), is_scalar(c)], commute=False, name=f"scale_before_{name}")
     for name, view in _VIEWS.items()
 ], iterations=4, description="a scalar scale moves through views and bmm into the frozen weights of addmm")
 
@@ -105,7 +113,9 @@ FOLD_SCALES = RuleSet("gemm.fold_scales", [
 # rules are for PyTorch's default eps, 1e-5 (check_rule: with eps = 0 a zero variance makes k
 # infinite, and the two sides disagree on where that gives nan).
 EPS = 1e-05
-g, beta, mean, var, mom = variables("g beta mean var mom")
+image, kernel = variables("x w0", dtype=SINGLE, rank=4)  # a batch of images and a convolution's weight
+g = variables("g", dtype=SINGLE, rank=1)[0]  # batch norm's per-channel parameters, like g
+beta, mean, var, mom = variables("beta mean var mom")
 _scale = mul(g, aten.rsqrt.default(add(var, EPS)))
 _batch_norm = aten._native_batch_norm_legit_no_training.default
 
@@ -114,14 +124,13 @@ def fold_conv(stride: list, padding: list):
     """2-d convolution without bias (stride and padding given; no dilation, one group), then batch
     norm -> one convolution with folded weight and a bias. Literal parameters, one rule each for
     the settings ResNets use, so that check_rule can draw instances that fit."""
-    conv = lambda w, b: aten.convolution.default(x, w, b, stride, padding, [1, 1], False, [0, 0], 1)  # noqa: E731
+    conv = lambda w, b: aten.convolution.default(image, w, b, stride, padding, [1, 1], False, [0, 0], 1)  # noqa: E731
     per_out = aten.reshape.default(_scale, [-1, 1, 1, 1])
-    return rule(getitem(_batch_norm(conv(w0, None), g, beta, mean, var, mom, EPS), 0),
-                conv(mul(w0, per_out), sub(beta, mul(mean, _scale))),
-                when=[*map(is_const, (w0, g, beta, mean, var)), *(same_shape(v, g) for v in (beta, mean, var)),
-                      *(same_dtype(v, g) for v in (beta, mean, var)), single(g), rank_is(g, 1), same_dtype(g, x),
-                      single(x), rank_is(x, 4), single(w0), rank_is(w0, 4), same_dtype(w0, x), dims_agree(x, 1, w0, 1),
-                      dims_agree(g, 0, w0, 0)],
+    return rule(getitem(_batch_norm(conv(kernel, None), g, beta, mean, var, mom, EPS), 0),
+                conv(mul(kernel, per_out), sub(beta, mul(mean, _scale))),
+                when=[*map(is_const, (kernel, g, beta, mean, var)), *(same_shape(v, g) for v in (beta, mean, var)),
+                      *(same_dtype(v, g) for v in (beta, mean, var)), same_dtype(g, image),
+                      same_dtype(kernel, image), dims_agree(image, 1, kernel, 1), dims_agree(g, 0, kernel, 0)],
                 exact=False, name=f"batch_norm_into_conv_s{stride[0]}_p{padding[0]}")
 
 

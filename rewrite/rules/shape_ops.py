@@ -31,7 +31,7 @@ import torch
 
 from ..dsl import RuleSet, aten, dim_is, dtype_is, made_by, prims, rule, same_shape, shape_is, variables
 from ..ops import ALL_DTYPES as ALL
-from ..ops import INTS
+from ..ops import GEMMS, INTS, target_name
 
 __all__ = ["NOOPS", "VIEW_CHAINS", "PERMUTES", "CASTS", "FRESH_CLONES", "FRESH_COPIES", "POINTWISE_RESHAPES", "RULESETS"]
 
@@ -219,7 +219,7 @@ FRESH_CLONES = RuleSet("shape.fresh_clones", [
 # values are the same, the copy would be as dense as its source, and views are rewritten as
 # reshapes once a rule fired (rewrite.boundary). ``made_by`` says the value is such a result
 # (``getitem``: an output of a multi-output kernel, e.g. layer norm's normalized tensor).
-_FRESH = (aten.addmm.default, aten.mm.default, aten.bmm.default, aten._softmax.default, aten.gelu.default,
+_FRESH = (*sorted(GEMMS, key=target_name), aten._softmax.default, aten.gelu.default,
           operator.getitem, *(getattr(aten, n).default for n in _UNARY_COMPUTE),
           *(getattr(getattr(aten, n), o) for n, o in _BINARY_COMPUTE))
 FRESH_COPIES = RuleSet("shape.fresh_copies", [

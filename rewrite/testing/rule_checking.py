@@ -4,7 +4,8 @@ A rule is a claim about every value its pattern can match, so the checker instan
 itself rather than waiting for a graph to contain it: each variable gets a shape, dtype, layout and
 values (NaN, -0.0, extreme integers...) that fit the op's schema and the rule's own conditions
 (each condition says what it needs through ``hint``), then both sides run on the same binding and
-must agree to the bit (NaN matches NaN, -0.0 must stay -0.0). A failure prints the shrunk
+must agree to the bit (NaN matches NaN, -0.0 must stay -0.0). A rule that matches several
+operand orders (``x * c`` and ``c * x``) is checked in each. A failure prints the shrunk
 counterexample. ``python -m rewrite check-rules MODULE`` runs `check_ruleset_module`.
 """
 from __future__ import annotations
@@ -353,6 +354,11 @@ def check_rule(rule, examples: int = 100, dtypes: Sequence[torch.dtype] = ALL_DT
         raise TypeError(f"check_rule takes a rewrite.dsl.Rule, got {type(rule).__name__}")
     if examples < 1:
         raise ValueError(f"check_rule: examples must be >= 1, got {examples}")
+    orders = rule.each_order()
+    if len(orders) > 1:  # a rule matching both operand orders (dsl.Rule.orders): each order is a claim
+        parts = [check_rule(r, examples, dtypes, min_valid) for r in orders]
+        return RuleCheckReport(rule.name, **{f: sum(getattr(p, f) for p in parts)
+                                             for f in ("examples", "valid", "guarded", "aliasing")})
     report = RuleCheckReport(rule.name)
     min_valid = max(3, examples // 10) if min_valid is None else min_valid
 
