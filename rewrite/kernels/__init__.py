@@ -133,10 +133,11 @@ def _constant_value(node: Node):
 class StaticKernels:
     """The static kernels of one compiled function (all its gears): decide, record, build, bind."""
 
-    def __init__(self, config, unit):
+    def __init__(self, config, unit, folder: str | None = None):
+        """``folder``: the build folder (default: `build_dir` for the unit's policy)."""
         try:
             check_local_world()
-            self.store = KernelStore(build_dir(config, tiered=unit.policy.tiers_up))
+            self.store = KernelStore(folder or build_dir(config, tiered=unit.policy.tiers_up))
         except StoreError as e:
             raise StaticKernelError(str(e)) from None
         self.unit = unit
