@@ -21,8 +21,11 @@ The default mode tiers up instead (`rewrite.policy`, ``config.exec.tier_up_calls
 runs its ATen code for its first calls, so a graph called once or twice never pays for a C
 compile, and the call after them plans it on that call's inputs and builds its static kernels
 (into the per-user cache's ``kernels/`` unless the build dir is configured, `rewrite.kernels.build_dir`), as reduce-overhead
-does at compile time. Whatever stands in the way (no C compiler, an unwritable cache folder,
-several processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
+does at compile time. That call never waits long for another process's build: when the build lock is
+busy it runs the ATen code and tries again later (`PlannedProgram.tier_up`); other threads calling
+meanwhile run the ATen code instead of waiting for the tier-up. Whatever stands in the way (no C
+compiler, an unwritable cache folder, one another user could write into (also a warning), several
+processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
 ATen code, with a note, never an error. Graphs whose extra observed run would show outside them
 (random draws, collectives, side effects) stay on their ATen code.
 """
