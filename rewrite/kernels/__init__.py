@@ -6,7 +6,9 @@ signature (op, dtypes, sizes, strides, arguments) is recorded in the seed's layo
 ops the C generator supports (`cgen`) become static-kernel steps of the plan. After the last
 gear, `StaticKernels.build` looks for the kernels in the artifacts of the build folder, builds
 what is missing into one new artifact (one C compile; under the folder's lock, so processes on
-one machine build each kernel once), and loads them. Later processes find everything and build
+one machine build each kernel once; a lock held too long is bypassed, never waited on without
+bound: `store`), and loads them. The build folder must be this user's and closed to others'
+writes (`store`); one that is not is an `UntrustedBuildDir` error, or, for a tier-up, a warning. Later processes find everything and build
 nothing.
 
 Kernels are keyed by their signature, torch version, device (CPU model and flags) and generator
@@ -24,8 +26,8 @@ import torch
 from ..config import REDUCE_OVERHEAD_MODES, ConfigError, is_reduce_overhead
 from ..ir import Node
 from ..ops import target_name
-from . import artifact, cgen, compiler, signature
 from ..persist.folders import FolderRefused
+from . import artifact, cgen, compiler, signature
 from . import store as _store
 from .store import (FolderUntrusted, KernelStore, LockBusy, StoreError, check_local_world, default_build_dir,
                     tier_up_build_dir)
