@@ -237,7 +237,7 @@ def test_a_build_waits_a_bounded_time_for_a_held_lock_then_builds_alone(cache, t
     proc = holder(build / OUTPUTS / store.LOCK)
     monkeypatch.setattr(store, "LOCK_WAIT_S", 2.0)
     with caplog.at_level(logging.WARNING, logger="rewrite"):
-        (_, _, backend), seconds = _within(120, _compile, build)  # results equal eager: _compile checks
+        (_, _, backend), _ = _within(120, _compile, build)  # results equal eager: _compile checks
     waited = [r.getMessage() for r in caplog.records if "build lock" in r.getMessage()]
     assert len(waited) == 1 and f"held by pid {proc.pid}" in waited[0] and "LOCK_WAIT_S = 2 s" in waited[0], waited
     assert backend.report.graphs[0].applied.get("static kernels built", 0) > 0
