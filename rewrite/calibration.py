@@ -16,7 +16,8 @@ time. The multi-thread speed-up is measured once, on a large GEMM, and clamped t
 The cache file is keyed by what changes the figures (CPU model, core count, torch version,
 intra-op threads, this file's format): a key that differs means stale, and the figures are
 measured again and the file replaced. The file is read as hostile input: a regular file (no
-symlink) of bounded size, JSON with exactly the expected fields, every number finite and within
+symlink, no FIFO: opened with O_NONBLOCK, so nothing planted there can block a compile) of this
+user's, mode 0600, at most ``MAX_FILE_BYTES``, JSON with exactly the expected fields, every number finite and within
 physical bounds; anything else is damage, logged, measured again and replaced (atomically).
 Folder: the per-user cache folder (`rewrite.persist.folders`: ``$REWRITE_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/rewrite``, else ``~/.cache/rewrite``); read by `rewrite.persist.reading`.
@@ -273,7 +274,10 @@ def cache_path(folder: str | None = None) -> str:
 
 
 def save(cal: Calibration, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    """Write ``cal`` to ``path`` atomically: a temporary file (mode 0600) renamed over the name, so a
+    symlink or FIFO planted at ``path`` is replaced, never followed or opened; a missing folder is
+    made with mode 0700 (the per-user cache is this user's only)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     doc = {"format": FORMAT, "key": cache_key(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
            "calibration": cal.as_json()}
     atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True))
@@ -297,7 +301,9 @@ def load(path: str) -> Calibration:
     """The calibration in ``path``; raises CalibrationError naming the file and field when it is
     damaged (unreadable, oversized, not a regular file, malformed) or stale (another key)."""
     try:
-        raw = read_regular(path, max_size=MAX_FILE_BYTES)
+        # Never blocks (a FIFO is refused, not opened for a writer that never comes), never follows a
+        # symlink, reads at most MAX_FILE_BYTES, and only this user's own file (`save` writes 0600).
+        raw = read_regular(path, max_size=MAX_FILE_BYTES, private=True)
     except FileNotFoundError as e:
         raise CalibrationError(f"{path}: cannot open ({e.strerror})") from None
     except OSError as e:  # refused (`FileRefused`): a symlink, a special file, too large

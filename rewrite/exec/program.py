@@ -21,8 +21,11 @@ The default mode tiers up instead (`rewrite.policy`, ``config.exec.tier_up_calls
 runs its ATen code for its first calls, so a graph called once or twice never pays for a C
 compile, and the call after them plans it on that call's inputs and builds its static kernels
 (into the per-user cache's ``kernels/`` unless the build dir is configured, `rewrite.kernels.build_dir`), as reduce-overhead
-does at compile time. Whatever stands in the way (no C compiler, an unwritable cache folder,
-several processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
+does at compile time. That call never waits long for another process's build: when the build lock is
+busy it runs the ATen code and tries again later (`PlannedProgram.tier_up`); other threads calling
+meanwhile run the ATen code instead of waiting for the tier-up. Whatever stands in the way (no C
+compiler, an unwritable cache folder, one another user could write into (also a warning), several
+processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
 ATen code, with a note, never an error. Graphs whose extra observed run would show outside them
 (random draws, collectives, side effects) stay on their ATen code.
 """
@@ -92,6 +95,7 @@ class _Gear:
         self.plan = None
         self.run = None  # the executable, once made
         self.cold_calls = cold_calls
+        self.put_off = 0  # tier-ups put off because another process held the build lock
 
     def __call__(self, *args):
         run = self.run
@@ -103,13 +107,21 @@ class _Gear:
         return self._first_call(args)
 
     def _first_call(self, args):
+        if self.program.policy.tiers_up:
+            # The tier-up runs on the model caller's call: a caller that finds another thread tiering
+            # up (planning, building) runs the ATen code now rather than wait for it.
+            if not self.program.lock.acquire(blocking=False):
+                return self.fallback(*args)
+            try:
+                if self.run is None:
+                    self.program.tier_up(self, args)
+            finally:
+                self.program.lock.release()
+            return (self.run or self.fallback)(*args)  # None: the tier-up is put off (`PlannedProgram.tier_up`)
         with self.program.lock:  # gears of one function share their kernels' build
             if self.run is None:
-                if self.program.policy.tiers_up:
-                    self.program.tier_up(self, args)
-                else:
-                    self._plan_on(args)
-                    self.program.materialize([self])
+                self._plan_on(args)
+                self.program.materialize([self])
         return self.run(*args)
 
     def _plan_on(self, args) -> None:
@@ -170,12 +182,25 @@ class PlannedProgram:
         return gear
 
     def tier_up(self, gear: _Gear, args) -> None:
-        """Plan ``gear`` on this call's inputs and build its static kernels; on failure it keeps its ATen code."""
+        """Plan ``gear`` on this call's inputs and build its static kernels; on failure it keeps its ATen code.
+
+        Another process building into the same folder does not hold this call up for more than
+        `rewrite.kernels.store.TIER_UP_LOCK_WAIT_S`: the gear keeps its ATen code (``gear.run`` stays
+        None) and tries again after another ``tier_up_calls`` calls; once the lock has been busy for
+        `rewrite.kernels.store.LOCK_WAIT_S` the build goes ahead without it."""
+        from ..kernels import LockBusy
+
         try:
             gear._plan_on(args)
             self.materialize([gear])
             self._note(f"graph {gear.graph.name} tiered up after {self.policy.tier_up_calls} calls: planned memory, "
                        f"{sum(p.kind == 'native' for p in gear.plan.nodes.values())} ops on static kernels")
+        except LockBusy as e:
+            gear.cold_calls = max(self.policy.tier_up_calls, 1)
+            if not gear.put_off:  # one note per gear, not one per try
+                self._note(f"graph {gear.graph.name} keeps its ATen code for now: {e}; it tries again after "
+                           f"{gear.cold_calls} calls")
+            gear.put_off += 1
         except Exception as e:  # noqa: BLE001 - the plain code is always correct; say why it stays
             self._note(f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})")
             gear.run = gear.fallback
@@ -189,7 +214,7 @@ class PlannedProgram:
 
     def _static_kernels(self):
         if self.kernels is None and self.static_kernels:
-            from ..kernels import StaticKernelError, StaticKernels
+            from ..kernels import StaticKernelError, StaticKernels, UntrustedBuildDir
 
             try:
                 self.kernels = StaticKernels(self.config, self.unit)
@@ -198,6 +223,8 @@ class PlannedProgram:
                     raise
                 self.static_kernels = False  # plan memory only
                 self._note(f"tier-up without static kernels: {e}")
+                if isinstance(e, UntrustedBuildDir):  # never used silently: someone else may write there
+                    log.warning("rewrite: tier-up without static kernels (memory plan only): %s", e)
         return self.kernels
 
     def observe(self, gear: _Gear, inputs: list) -> None:

@@ -6,7 +6,9 @@ signature (op, dtypes, sizes, strides, arguments) is recorded in the seed's layo
 ops the C generator supports (`cgen`) become static-kernel steps of the plan. After the last
 gear, `StaticKernels.build` looks for the kernels in the artifacts of the build folder, builds
 what is missing into one new artifact (one C compile; under the folder's lock, so processes on
-one machine build each kernel once), and loads them. Later processes find everything and build
+one machine build each kernel once; a lock held too long is bypassed, never waited on without
+bound: `store`), and loads them. The build folder must be this user's and closed to others'
+writes (`store`); one that is not is an `UntrustedBuildDir` error, or, for a tier-up, a warning. Later processes find everything and build
 nothing.
 
 Kernels are keyed by their signature, torch version, device (CPU model and flags) and generator
@@ -24,12 +26,15 @@ import torch
 from ..config import REDUCE_OVERHEAD_MODES, ConfigError, is_reduce_overhead
 from ..ir import Node
 from ..ops import GEMMS, target_name
+from ..persist.folders import FolderRefused
 from . import artifact, cgen, compiler, signature
-from .store import KernelStore, StoreError, check_local_world, default_build_dir, tier_up_build_dir
+from . import store as _store
+from .store import (FolderUntrusted, KernelStore, LockBusy, StoreError, check_local_world, default_build_dir,
+                    tier_up_build_dir)
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["StaticKernels", "StaticKernelError", "check_config"]
+__all__ = ["StaticKernels", "StaticKernelError", "UntrustedBuildDir", "LockBusy", "check_config"]
 
 # Constant weights of at least this many elements get MKL's packed GEMM (a packed copy costs several MB
 # whatever the weight's size, and measured on this machine packing pays from about 384 x 384 on).
@@ -38,6 +43,10 @@ PACK_MIN = 1 << 16
 
 class StaticKernelError(RuntimeError):
     """Static kernels cannot be used as configured; the message says what to change."""
+
+
+class UntrustedBuildDir(StaticKernelError):
+    """The build folder is a symlink, another user's or open to others' writes (`store`'s trust rule)."""
 
 
 def build_dir(config, tiered: bool = False) -> str:
@@ -58,6 +67,8 @@ def check_config(config) -> None:
     try:
         check_local_world()
         KernelStore(build_dir(config))
+    except FolderUntrusted as e:
+        raise UntrustedBuildDir(str(e)) from None
     except StoreError as e:
         raise StaticKernelError(str(e)) from None
 
@@ -138,6 +149,9 @@ class StaticKernels:
         try:
             check_local_world()
             self.store = KernelStore(folder or build_dir(config, tiered=unit.policy.tiers_up))
+        except (FolderUntrusted, FolderRefused) as e:
+            raise UntrustedBuildDir(f"static-kernel build dir refused: {e}" if isinstance(e, FolderRefused)
+                                    else str(e)) from None
         except StoreError as e:
             raise StaticKernelError(str(e)) from None
         self.unit = unit
@@ -206,22 +220,29 @@ class StaticKernels:
 
     # -- building ------------------------------------------------------------------------------
     def build(self) -> None:
-        """Find or build every pending kernel; afterwards each is callable."""
+        """Find or build every pending kernel; afterwards each is callable.
+
+        Waits for another process's build at most `store.LOCK_WAIT_S` (then builds without the lock),
+        or, on a tier-up (the model caller's call), `store.TIER_UP_LOCK_WAIT_S`: then `LockBusy`
+        is raised and the pending kernels stay pending for the next try."""
         need = {k: s for k, s in self.pending.items() if k not in _loaded.addresses}
-        self.pending = {}
         if not need:
+            self.pending = {}
             return
         t0 = time.perf_counter()
         found = self._find(need)
         built = 0
         if len(found) < len(need):
-            with self.store.lock():  # others building now finish first; then look again
-                found |= self._find({k: s for k, s in need.items() if k not in found})
+            wait_s = _store.TIER_UP_LOCK_WAIT_S if self.unit.policy.tiers_up else _store.LOCK_WAIT_S
+            with self.store.lock(wait_s) as locked:  # others building now finish first; then look again
+                if locked:
+                    found |= self._find({k: s for k, s in need.items() if k not in found})
                 missing = {k: s for k, s in need.items() if k not in found}
                 if missing:
                     path = self._build(missing)
                     found |= self._load(path, missing)
                     built = len(missing)
+        self.pending = {}
         self._report(len(need), len(need) - built, built, time.perf_counter() - t0)
 
     def _find(self, need: dict) -> set:

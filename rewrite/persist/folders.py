@@ -77,3 +77,19 @@ def confined_folder(root: str, rel: str) -> str:
             raise FolderRefused(f"{path} is {'a symlink' if stat.S_ISLNK(info.st_mode) else 'not a folder'}; "
                                 f"rewrite writes below {root} only into real folders")
     return path
+
+
+def private_cache_folder(*parts: str) -> str:
+    """The per-user cache folder (`user_cache_dir`), or ``parts`` below it, made (mode 0700) where
+    missing and refused (`FolderRefused`) unless every level is this user's own and closed to others'
+    writes. The cache folder itself is resolved first (``~/.cache`` may well be a link the user made to
+    a larger disk) and its target checked; the levels below it are ours, so a symlink there is refused:
+    a planted ``kernels -> /elsewhere`` would have our lock, records and artifacts land outside."""
+    root = user_cache_dir()
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    path = os.path.realpath(root)
+    check_private_folder(path)
+    for part in parts:
+        path = confined_folder(path, part)
+        check_private_folder(path)
+    return path
