@@ -309,6 +309,7 @@ def test_cache_ls_escapes_control_characters(tmp_path, capsys):
 
 def test_a_miss_reads_a_bounded_number_of_bounded_sibling_keys(tmp_path, monkeypatch, caplog):
     import rewrite.cache.store as store
+    import rewrite.persist.checks as checks
 
     caplog.set_level(logging.INFO, logger="rewrite")
     config = rewrite.CompilerConfig()
@@ -321,8 +322,8 @@ def test_a_miss_reads_a_bounded_number_of_bounded_sibling_keys(tmp_path, monkeyp
         (graphs / f"{i:04d}").mkdir()
         (graphs / f"{i:04d}" / "key.json").write_bytes(big)
     opened = []
-    real = store.read_file
-    monkeypatch.setattr(store, "read_file", lambda path, *a, **kw: (opened.append(path), real(path, *a, **kw))[1])
+    real = checks.read_regular  # every cache file is opened through it
+    monkeypatch.setattr(checks, "read_regular", lambda path, **kw: (opened.append(path), real(path, **kw))[1])
     start = time.perf_counter()
     _compile(Act(torch.relu), torch.randn(4, 8), config)
     assert len([p for p in opened if p.endswith("key.json")]) <= MAX_SIBLINGS
