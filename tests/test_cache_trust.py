@@ -362,3 +362,20 @@ def test_too_many_gear_graphs_in_a_signed_entry_is_a_bounded_miss(tmp_path):
     _compile(model, x, config)
     assert counters["hits"] == hits and counters["damaged"] == damaged + 1
     assert time.perf_counter() - start < 60
+
+
+def test_no_signing_key_is_a_miss_saying_why(tmp_path, monkeypatch, caplog):
+    from rewrite.persist import signing
+
+    caplog.set_level(logging.INFO, logger="rewrite")
+    cache = str(tmp_path / "cache")
+    _first_entry(cache)
+
+    def no_key():
+        raise signing.TrustError("the signing key is not private to this user")
+
+    monkeypatch.setattr(signing, "secret", no_key)
+    before = _snapshot(cache)
+    _a_new_process_misses(cache)
+    assert any("cannot be checked" in r.getMessage() for r in caplog.records)
+    assert _snapshot(cache) == before  # an entry it cannot sign is neither written nor does it replace one

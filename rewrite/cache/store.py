@@ -136,11 +136,14 @@ def _real_folder(path: str) -> bool:
     return stat.S_ISDIR(mode) and not stat.S_ISLNK(mode)
 
 
-def _real_folders(root: str, rel: str) -> bool:
-    """Whether every level of ``rel`` below ``root`` is a real folder (no symlink leads out)."""
+def _real_folders(root: str, rel: str, *, missing_ok: bool = False) -> bool:
+    """Whether every level of ``rel`` below ``root`` is a real folder (no symlink leads out); with
+    ``missing_ok``, levels from the first missing one on do not count (nothing is there to follow)."""
     path = root
     for part in _posix(rel).split("/"):
         path = os.path.join(path, part)
+        if missing_ok and not os.path.lexists(path):
+            return True
         if not _real_folder(path):
             return False
     return True
@@ -301,6 +304,12 @@ class CacheDir:
             log.info("cache miss for %s: no cache folder %s", what, self.root)
             return None
         folder = self.path(rel)
+        if not _real_folders(self.root, rel, missing_ok=True):
+            count("misses")
+            count("untrusted")
+            log.warning("cache miss for %s: %s is reached through a symlink or is not a folder; rewrite reads "
+                        "entries only from real folders inside %s", what, folder, self.root)
+            return None
         if not os.path.lexists(folder):
             count("misses")
             nearest = self._nearest(os.path.dirname(folder), fields) if rel.count(os.sep) else None
@@ -310,12 +319,6 @@ class CacheDir:
                 name, changed = nearest
                 log.info("cache miss for %s: the nearest entry %s differs in %s", what, printable(name),
                          printable(", ".join(changed)))
-            return None
-        if not _real_folders(self.root, rel):
-            count("misses")
-            count("untrusted")
-            log.warning("cache miss for %s: %s is reached through a symlink or is not a folder; rewrite reads "
-                        "entries only from real folders inside %s", what, folder, self.root)
             return None
         entry, why = open_entry(folder, rel)
         if entry is None:
