@@ -43,9 +43,8 @@ from . import ops
 from .cache.aot import gear_graphs_by_key, gear_label
 from .cache.graphs import GRAPHS_FILE, LiveWeightReader, LiveWeightWriter, check_error, decode_graphs, encode_graphs
 from .cache.key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
-from .cache.store import CacheDir, count, digest_of
+from .cache.store import CacheDir, count
 from .config import CompilerConfig
-from .persist.checks import read_json
 from .persist.errors import ExportError
 from .persist.weights import collected_weight
 
@@ -101,7 +100,7 @@ def cache_compile(func, *, config: CompilerConfig | None = None, backend=None, d
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"cache_dir must be a path, got {type(root).__name__}")
     return CachedFunction(func, copy.deepcopy(config), dynamic, os.fspath(root), global_rank, tp_rank, pp_rank,
-                          custom_decompositions)
+                          custom_decompositions, named=cache_dir is not None or config.cache.dir is not None)
 
 
 class _Registrations:
@@ -157,7 +156,7 @@ class _Bound(torch.nn.Module):
 class CachedFunction:
     """What `cache_compile` returns: call it like the method."""
 
-    def __init__(self, func, config, dynamic, root, global_rank, tp_rank, pp_rank, decompositions):
+    def __init__(self, func, config, dynamic, root, global_rank, tp_rank, pp_rank, decompositions, named=True):
         self._module = func.__self__
         self._fn = func.__func__
         self.__name__ = self._fn.__name__
@@ -175,7 +174,8 @@ class CachedFunction:
         # (TorchAir marks the first call's inputs only; later calls without marks reuse them, as the
         # graph Dynamo compiled for the marked call serves them).
         self._gears: tuple | None = None
-        self.cache = CacheDir.get(root)
+        # A folder the user named that is refused is an error at the first call; the default one a warning.
+        self.cache = CacheDir.get(root, named=named)
         self.rel = os.path.join(type(self._module).__name__, _rank_folder(global_rank, tp_rank, pp_rank),
                                 self.__name__)
         self.path = self.cache.path(self.rel)
@@ -301,32 +301,34 @@ class CachedFunction:
     def _load(self, fields, args, kwargs):
         """(the loaded program, its result for this call) on a hit, else None (a miss, logged)."""
         from .export.loader import ExportedModel
+        from .gears.spec import MAX_GEARS
 
-        folder = self.cache.lookup(self.rel, fields, f"{type(self._module).__name__}.{self.__name__}")
-        if folder is None:
+        entry = self.cache.lookup(self.rel, fields, f"{type(self._module).__name__}.{self.__name__}")
+        if entry is None:
             return None
         try:
+            # Every file is read through the verified entry: its bytes must have the signed sha256.
             live = self._live()
-            trusted = self.cache.trusted_digests(folder, fields)  # {} unless this user's rewrite signed the entry
-            program, raw = read_json(os.path.join(folder, PROGRAM_FILE), "cache file", PROGRAM_FILE)
-            live_data, _ = read_json(os.path.join(folder, LIVE_FILE), "cache file", LIVE_FILE)
-            reader = LiveWeightReader(folder, program.get("weights", {}), live_data.get("live", {}), live, PROGRAM_FILE)
+            program = entry.read_json(PROGRAM_FILE)
+            live_data = entry.read_json(LIVE_FILE)
+            reader = LiveWeightReader(entry.folder, program.get("weights", {}), live_data.get("live", {}), live,
+                                      PROGRAM_FILE, signed=entry.files)
             reader.verify_all()
             gear_graphs = {}
-            if os.path.isdir(os.path.join(folder, "gears")):
-                graphs, _, _ = decode_graphs(os.path.join(folder, "gears"), {**live, **reader.loaded},
-                                          trusted=trusted.get(f"gears/{GRAPHS_FILE}"))
+            if entry.has(f"gears/{GRAPHS_FILE}"):
+                graphs, _ = decode_graphs(entry, "gears/", {**live, **reader.loaded}, max_graphs=MAX_GEARS)
                 gear_graphs = gear_graphs_by_key(graphs, f"gears/{GRAPHS_FILE}")
+            # The program's metas are this user's rewrite's own for this key (it signed them): not inferred again.
             loaded = ExportedModel(program, reader, self.config, where=PROGRAM_FILE, gear_graphs=gear_graphs,
-                                   check_metas=trusted.get(PROGRAM_FILE) != digest_of(raw))
+                                   check_metas=False)
             result = self._run(loaded, args, kwargs)  # the call must fit (or it is a miss), before anything is returned
         except Exception as e:  # noqa: BLE001 - a damaged entry, or one that does not fit this call, is a miss
             if not check_error(e):
                 raise
-            self.cache.damaged(folder, e)
+            self.cache.damaged(entry, e)
             return None
         count("hits")
-        log.info("cache_compile %s: loaded %s (%d gear graphs)", self.__name__, folder, len(gear_graphs))
+        log.info("cache_compile %s: loaded %s (%d gear graphs)", self.__name__, entry.folder, len(gear_graphs))
         return loaded, result
 
     def _compile(self, fields, args, kwargs):

@@ -72,13 +72,14 @@ def _cache(args) -> int:
 
     from .cache import store
 
+    shown = store.printable(args.dir)
     if not os.path.isdir(args.dir):
-        print(f"no cache folder {args.dir}")
+        print(f"no cache folder {shown}")
         return 0 if args.action != "info" else 2
-    if args.action == "ls":
+    if args.action == "ls":  # labels and paths come from files: control characters are escaped
         print(store.describe_entries(args.dir))
-    elif args.action == "clear":
-        print(f"removed {store.clear(args.dir)} entries from {args.dir}")
+    elif args.action == "clear":  # only entries (and scratch folders) this user's rewrite signed
+        print(f"removed {store.clear(args.dir)} entries from {shown}")
     else:
         if not args.key:
             print("error: python -m rewrite cache info KEY (an entry's path or hash prefix, as `cache ls` prints)",
@@ -86,11 +87,12 @@ def _cache(args) -> int:
             return 2
         found = store.find(args.dir, args.key)
         if not found:
-            print(f"error: no entry {args.key!r} in {args.dir}", file=sys.stderr)
+            print(f"error: no entry {args.key!r} in {shown}", file=sys.stderr)
             return 2
-        for rel, record in found:
-            print(rel)
-            print(json.dumps(record, indent=1, sort_keys=True) if isinstance(record, dict) else f"damaged: {record}")
+        for rel, record in found:  # json.dumps escapes control characters itself
+            print(store.printable(rel))
+            print(json.dumps(record, indent=1, sort_keys=True) if isinstance(record, dict)
+                  else store.printable(f"damaged: {record}"))
     return 0
 
 
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
     cache = sub.add_parser("cache", help="list, inspect or clear a compile cache folder")
     cache.add_argument("action", choices=["ls", "info", "clear"])
     cache.add_argument("key", nargs="?", help="info: an entry's path or hash prefix (as `ls` prints)")
-    cache.add_argument("--dir", default=".rewrite_cache", help="the cache folder (default .rewrite_cache)")
+    cache.add_argument("--dir", default=".rewrite_cache", help="the cache folder (default .rewrite_cache); clear removes "
+                       "only entries this user's rewrite signed, never other files")
     cache.set_defaults(run=_cache)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

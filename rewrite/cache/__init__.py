@@ -8,8 +8,9 @@ It sits below the backend and the export loader, which use it:
 * ``rewrite.inference.cache_compile`` (the workflow in `rewrite.cached_function`, above both):
   a module's method compiled once; a later process skips Dynamo and loads the compiled program.
 
-Every file is read as hostile (the file format's checks, `rewrite.persist`); entries are written
-whole (store.py); `counters` counts hits, misses, writes, damaged entries and compiles, for tests
+A cache folder is hostile (docs/export_format.md, "Compile caches"): an entry is used only when
+this user's signature over all its bytes and its key verifies (store.py), then read with the file
+format's checks (`rewrite.persist`); entries are written whole and only in this user's private folders; `counters` counts hits, misses, writes, damaged entries and compiles, for tests
 and reports. ``python -m rewrite cache ls|info|clear`` inspects a cache folder.
 """
 from .store import CacheDir, counters

@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from ..gears.spec import MAX_GEARS
 from ..ir import Graph
 from .graphs import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
 from .key import config_digest, digest, key_hash, tensor_digest, versions
@@ -123,22 +124,21 @@ class AotEntry:
 
     def load(self) -> tuple[Graph, dict] | None:
         """(optimized graph, {gear key: optimized static graph}) on a hit; None on a miss (logged)."""
-        folder = self.cache.lookup(self.rel, self.fields, f"graph {self.label}")
-        if folder is None:
+        entry = self.cache.lookup(self.rel, self.fields, f"graph {self.label}")
+        if entry is None:
             return None
         try:
-            graphs, extra, _ = decode_graphs(folder, self.live,
-                                          trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
+            graphs, extra = decode_graphs(entry, "", self.live, max_graphs=MAX_GEARS + 1)
             graph = graphs.pop("graph")
             gears = gear_graphs_by_key(graphs, GRAPHS_FILE)
             self.ops_before = {str(k): int(v) for k, v in dict(extra.get("ops_before", {})).items()}
         except Exception as e:  # noqa: BLE001 - a damaged entry is a miss, whatever it breaks
             if not check_error(e):
                 raise
-            self.cache.damaged(folder, e)
+            self.cache.damaged(entry, e)
             return None
         count("hits")
-        log.info("cache hit for graph %s: %s (%d gear graphs)", self.label, folder, len(gears))
+        log.info("cache hit for graph %s: %s (%d gear graphs)", self.label, entry.folder, len(gears))
         return graph, gears
 
     def store(self, graph: Graph, gear_graphs: dict, ops_before: dict) -> None:
@@ -174,4 +174,4 @@ def aot_entry(config, gm: torch.fx.GraphModule, unit, frozen: dict, gear_spec) -
         "device": ",".join(sorted({t.device.type for t in tensors})) or "none",
         "dtype": ",".join(sorted({str(t.dtype).replace("torch.", "") for t in tensors})) or "none",
     }
-    return AotEntry(CacheDir.get(config.cache.dir), fields, unit.name, live)
+    return AotEntry(CacheDir.get(config.cache.dir, named=True), fields, unit.name, live)

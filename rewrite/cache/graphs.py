@@ -7,10 +7,12 @@ safetensors beside the file, each with its sha256), except tensors the caller al
 ``{"weight": "@name"}`` and read back from the caller's tensors, so the cache never copies them.
 The key says the referenced tensors are the same (checksums of frozen weights), so the values are.
 
-Reading uses the file format's checks (`rewrite.persist`): the JSON reader with its size and depth bounds, the graph
-decoder (allow-listed ops checked against their schemas, the shape grammar), weight files checked
-against size and sha256 before parsing, recorded shapes checked against shape inference (unless
-the entry's signature vouches for the file: `store.CacheDir.trusted_digests`). Passes'
+Reading happens only from an entry whose signature verified (`store.Entry`): the graph file's
+bytes must have the signed sha256, and every weight file it names must be listed in the signature
+with the sha256 its record gives (the weight reader compares the bytes it reads with it). On top
+of that the file format's checks still run (`rewrite.persist`: size and depth bounds, allow-listed
+ops checked against their schemas, the shape grammar, at most ``MAX_GEARS`` gear graphs); the
+recorded shapes are not inferred again, as they are this user's rewrite's own for this key. Passes'
 bookkeeping attributes the export format drops (which constant is a weight or was folded from one:
 the cost model and the memory planner read them) are kept in a side table and checked on the way in.
 """
@@ -24,11 +26,11 @@ import torch
 from ..ir import Graph
 from ..persist.checks import (MAX_NUMEL, at, expect_bool, expect_int, expect_list, expect_name, expect_object,
                               expect_shape, expect_str, fail)
-from ..persist.document import check_header, check_metas, read_json
+from ..persist.document import check_header
 from ..persist.errors import ExportError
 from ..persist.format import FORMAT_VERSION, decode_graph, encode_arg, encode_graph, encode_inline_tensor
 from ..persist.weights import INLINE_NUMEL, WeightReader, WeightWriter
-from .store import digest_of
+from .store import Entry
 
 __all__ = ["GRAPHS_FILE", "encode_graphs", "decode_graphs", "check_error", "LiveWeightWriter", "LiveWeightReader"]
 
@@ -81,10 +83,19 @@ class LiveWeightWriter(WeightWriter):
 
 
 class LiveWeightReader(WeightReader):
-    """`WeightReader` plus references to tensors the caller holds."""
+    """`WeightReader` plus references to tensors the caller holds.
 
-    def __init__(self, folder: str, records, live_records, live: dict, where: str):
+    ``signed`` ({file: sha256} of a verified cache entry's files, relative to ``folder``): every weight
+    file must be listed there with the sha256 its record gives, so the bytes the reader accepts are
+    the ones this user's rewrite signed. None only for weights that never touched the disk."""
+
+    def __init__(self, folder: str, records, live_records, live: dict, where: str, signed: dict | None = None):
         super().__init__(folder, records, where=at(where, "weights"))
+        if signed is not None:
+            for name, record in self.records.items():
+                if signed.get(record["file"]) != record["sha256"]:
+                    raise fail(at(at(where, "weights"), name), f"file {record['file'][:200]!r} is not listed with "
+                               "this sha256 in the entry's signature")
         self.live = {}
         for name, record in expect_object(live_records, at(where, "live")).items():
             inner = at(at(where, "live"), name)
@@ -145,30 +156,31 @@ def encode_graphs(graphs: dict[str, Graph], live: dict | None = None, extra: dic
     return files
 
 
-def decode_graphs(folder: str, live: dict | None = None, *, static: bool = False,
-                  trusted: str | None = None) -> tuple[dict[str, Graph], dict, bool]:
-    """(label -> graph, the ``extra`` object, signed) from the files `encode_graphs` wrote into ``folder``.
+def decode_graphs(entry: Entry, prefix: str = "", live: dict | None = None, *, max_graphs: int,
+                  static: bool = False) -> tuple[dict[str, Graph], dict]:
+    """(label -> graph, the ``extra`` object) from the files `encode_graphs` wrote below ``prefix``
+    ("" or "gears/") of a verified ``entry``.
 
-    Anything that does not fit is an `ExportError` naming the file and field. ``static``: every
-    graph must have fixed sizes (gear graphs). ``trusted``: the sha256 a verified entry signature
-    lists for the file (`CacheDir.trusted_digests`); when the bytes read have it (``signed``), the
-    recorded metas are this user's rewrite's own and are not inferred again (every other check
-    still runs).
+    Anything that does not fit (bytes other than the signed ones included) is an `ExportError`
+    naming the file and field. ``max_graphs``: more graphs are refused before any is decoded (an
+    entry with thousands of gear graphs would cost seconds on every hit). ``static``: every graph
+    must have fixed sizes (gear graphs).
     """
-    where = GRAPHS_FILE
-    data, raw = read_json(os.path.join(folder, GRAPHS_FILE), "cache file")
-    infer = trusted is None or digest_of(raw) != trusted
+    where = prefix + GRAPHS_FILE
+    data = entry.read_json(where)
     version = check_header(data, where, GRAPHS_FORMAT)
     expect_object(data, where, required=("format", "version", "graphs", "attrs", "weights", "live", "extra"))
-    reader = LiveWeightReader(folder, data["weights"], data["live"], live or {}, where)
+    listed = expect_object(data["graphs"], at(where, "graphs"))
+    if len(listed) > max_graphs:
+        raise fail(at(where, "graphs"), f"holds {len(listed)} graphs; at most {max_graphs} are allowed")
+    reader = LiveWeightReader(os.path.join(entry.folder, *prefix.split("/")), data["weights"], data["live"],
+                              live or {}, where, signed=entry.digests_under(prefix))
     graphs = {}
     attrs = expect_object(data["attrs"], at(where, "attrs"))
-    for label, record in expect_object(data["graphs"], at(where, "graphs")).items():
+    for label, record in listed.items():
         inner = at(at(where, "graphs"), label)
         expect_str(label, inner, max_len=256)
         g = decode_graph(record, reader.decode_constant, inner, version)
-        if infer:
-            check_metas(g, inner)
         if static and not g.is_static():
             raise fail(inner, "a gear graph must have fixed sizes")
         by_name = {n.name: n for n in g.nodes}
@@ -180,7 +192,7 @@ def decode_graphs(folder: str, live: dict | None = None, *, static: bool = False
             for key, value in expect_object(kept, node_where, optional=tuple(_BOOKKEEPING)).items():
                 node.attrs[key] = _BOOKKEEPING[key](value, at(node_where, key))
         graphs[label] = g
-    return graphs, expect_object(data["extra"], at(where, "extra")), not infer
+    return graphs, expect_object(data["extra"], at(where, "extra"))
 
 
 def check_error(e: Exception) -> bool:

@@ -13,6 +13,7 @@ import logging
 import os
 
 from .aot import common_fields, gear_graphs_by_key, gear_label
+from ..gears.spec import MAX_GEARS
 from .graphs import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
 from .key import digest, key_hash
 from .store import CacheDir, count
@@ -26,37 +27,35 @@ class GearGraphCache:
     """The gear graphs of one export's graph file, for `ExportedModel(gear_graphs=...)`."""
 
     def __init__(self, config, program: dict, weights, label: str):
-        self.cache = CacheDir.get(config.cache.dir)
+        self.cache = CacheDir.get(config.cache.dir, named=True)
         self.fields = {**common_fields(config), "program": digest(json.dumps(program, sort_keys=True), 32)}
         self.rel = os.path.join("loads", key_hash(self.fields))
         self.label = label
         self.live = dict(weights.loaded)
         self.graphs: dict = {}
         self.hit = False
-        self.signed = False  # a hit whose entry this user's rewrite signed (see `program_checked`)
 
     def load(self) -> dict:
-        folder = self.cache.lookup(self.rel, self.fields, f"the gears of {self.label}")
-        if folder is not None:
+        entry = self.cache.lookup(self.rel, self.fields, f"the gears of {self.label}")
+        if entry is not None:
             try:
-                graphs, _, self.signed = decode_graphs(
-                    folder, self.live, trusted=self.cache.trusted_digests(folder, self.fields).get(GRAPHS_FILE))
+                graphs, _ = decode_graphs(entry, "", self.live, max_graphs=MAX_GEARS)
                 self.graphs = gear_graphs_by_key(graphs, GRAPHS_FILE)
                 self.hit = True
                 count("hits")
             except Exception as e:  # noqa: BLE001 - a damaged entry is a miss
                 if not check_error(e):
                     raise
-                self.cache.damaged(folder, e)
+                self.cache.damaged(entry, e)
                 self.graphs = {}
         return self.graphs
 
     @property
     def program_checked(self) -> bool:
-        """Whether the export's own graph was checked by the load that wrote this entry: a signed
-        entry's key holds the program's digest, and entries are written only after a load checked
-        every recorded meta of that program. Then the load may skip inferring them again."""
-        return self.hit and self.signed
+        """Whether the export's own graph was checked by the load that wrote this entry: a hit is a
+        signed entry whose key holds the program's digest, and entries are written only after a load
+        checked every recorded meta of that program. Then the load may skip inferring them again."""
+        return self.hit
 
     def store(self) -> None:
         if self.hit or not self.graphs:

@@ -8,8 +8,8 @@ first use with mode 0600, atomically, so processes starting together agree on on
 whose signature does not verify (another user's, tampered with, or damaged) is never loaded: its
 kernels are built anew. This is the model of Jupyter's trusted notebooks.
 
-The compile cache signs its entries with the same key (`rewrite.cache.store`): there a signature
-only spares re-inferring the shapes recorded in a graph file; nothing from a cache file is ever run.
+The compile cache signs its entries with the same key (`rewrite.cache.store`): an entry is used only
+when its signature verifies over every file's sha256 and the key; anything else is a miss.
 """
 from __future__ import annotations
 
