@@ -32,7 +32,7 @@ __all__ = [
     "MAX_INT64", "MIN_INT64", "MAX_DEPTH", "MAX_ITEMS", "MAX_JSON_BYTES", "MAX_NODES", "MAX_NUMEL", "MAX_STRING",
     "at", "describe", "fail", "expect_object", "expect_list", "expect_str", "expect_int", "expect_bool",
     "expect_name", "expect_file_name", "expect_sha256", "expect_shape", "decode_dtype", "dtype_name", "decode_device",
-    "confined_path", "read_file", "read_json",
+    "confined_path", "read_file", "read_json", "parse_json",
 ]
 
 MAX_INT64 = 2**63 - 1
@@ -269,11 +269,17 @@ def _check_depth(data, where: str) -> None:
 
 
 def read_json(path: str, what: str, where: str) -> tuple[dict, bytes]:
-    """A JSON object file: at most MAX_JSON_BYTES, MAX_DEPTH deep, 64-bit ints, finite floats, unique keys.
+    """A JSON object file, at most MAX_JSON_BYTES, checked by `parse_json`; returns it and its bytes.
 
     ``what`` names the file for I/O errors ("graph file /x/export.json"), ``where`` for its fields ("export.json").
     """
     raw = read_file(path, what, max_size=MAX_JSON_BYTES)
+    return parse_json(raw, where), raw
+
+
+def parse_json(raw: bytes, where: str) -> dict:
+    """A JSON object from bytes already read: at most MAX_DEPTH deep, 64-bit ints, finite floats, unique keys.
+    The caller bounds the size it read; ``where`` names the file in messages."""
     try:
         data = json.loads(raw.decode("utf-8"), parse_int=_bounded_int, parse_float=_finite_float,
                           parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
@@ -283,4 +289,4 @@ def read_json(path: str, what: str, where: str) -> tuple[dict, bytes]:
         raise fail(where, f"is not valid JSON (truncated or edited?): {e}") from None
     _check_depth(data, where)
     expect_object(data, where)
-    return data, raw
+    return data

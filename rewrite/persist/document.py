@@ -2,17 +2,16 @@
 manifest, a compile cache's graph file. Shared by the export loader and the cache, so both refuse
 the same files with the same messages.
 
-`parse_json` parses bytes already read: a compile cache reads each file of an entry once, compares
-its sha256 with the one the entry's signature lists, and only then decodes those same bytes (no
-second read that could see other bytes)."""
+`parse_json` (from `checks`) parses bytes already read: a compile cache reads each file of an entry
+once, compares its sha256 with the one the entry's signature lists, and only then decodes those same
+bytes (no second read that could see other bytes)."""
 from __future__ import annotations
 
-import json
 import os
 
 from ..ir import Graph
 from . import checks
-from .checks import describe, fail
+from .checks import describe, fail, parse_json
 from .errors import ExportError
 from .format import FORMAT_VERSION, READABLE_VERSIONS
 
@@ -23,21 +22,6 @@ def read_json(path: str, what: str) -> tuple[dict, bytes]:
     """A JSON object file, checked for size, depth and well-formed numbers (`checks.read_json`);
     ``what`` names its kind in messages ("graph file")."""
     return checks.read_json(path, f"{what} {path}", os.path.basename(path))
-
-
-def parse_json(raw: bytes, where: str) -> dict:
-    """A JSON object from ``raw`` with the checks of `checks.read_json` (depth, 64-bit ints, finite
-    floats, unique keys); ``where`` names the file in messages. The caller bounds the size it read."""
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_int=checks._bounded_int, parse_float=checks._finite_float,
-                          parse_constant=checks._refuse_constant, object_pairs_hook=checks._unique_keys)
-    except RecursionError:
-        raise fail(where, f"is nested more than {checks.MAX_DEPTH} levels deep") from None
-    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
-        raise fail(where, f"is not valid JSON (truncated or edited?): {e}") from None
-    checks._check_depth(data, where)
-    checks.expect_object(data, where)
-    return data
 
 
 def check_header(data: dict, where: str, expected_format: str) -> int:
