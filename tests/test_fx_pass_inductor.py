@@ -41,7 +41,9 @@ def test_finds_inductor_folding_float_x_times_int_zero_to_zero():
     assert re.search(r"expected (nan|-0\.0), got 0\.0", message), message
     before, after = message.split("graph after the pass (FX code):")
     assert "torch.ops.aten.mul.Tensor(arg0_1, 0)" in before
-    assert "aten.mul" not in after and "torch.ops.aten.full.default" in after
+    # The int-zero multiply became a full(0.0); float-zero ones Inductor leaves may remain in a counterexample
+    # whose shrinking stopped at its time budget (shrink_seconds) on a loaded machine.
+    assert not re.search(r"aten\.mul\.Tensor\(arg0_1, 0\)", after) and "torch.ops.aten.full.default" in after
 
 
 def test_finds_inductor_removing_x_plus_zeros_signed_zero_and_aliasing():
