@@ -68,3 +68,12 @@ def test_one_dynamo_graph_serves_every_gear_whatever_the_first_call(name, first_
     result = run_gears(arch, arch.model(), first_batch=first_batch)
     assert result.ok, result.detail
     assert result.graphs == 1, result.detail
+
+
+def test_a_model_whose_code_branches_on_batch_one_stays_correct_at_every_gear():
+    # BEiT's own code records Ne(1, batch) at the largest-gear trace: a first call at batch 1 is traced again at
+    # its own size, where attention's Eq(1, batch) put the batch into the graph's sizes; that guard must stay
+    # (released, gear 2 ran on batch-1 sizes: "shape '[17, 64]' is invalid for input of size 2176").
+    arch = BY_NAME["beit"]
+    result = run_gears(arch, arch.model(), first_batch=GEARS[0])
+    assert result.ok, result.detail
