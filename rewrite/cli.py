@@ -138,6 +138,8 @@ def main(argv=None) -> int:
                        "only entries this user's rewrite signed, never other files")
     cache.set_defaults(run=_cache)
     args = parser.parse_args(argv)
+    from .extras import MissingExtra
+
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s %(levelname)s: %(message)s")
     if args.verbose >= 2:  # `import rewrite` sets egglog's loggers to WARNING (see rewrite/__init__.py)
@@ -145,7 +147,11 @@ def main(argv=None) -> int:
 
         for name in EGGLOG_LOGGERS:
             logging.getLogger(name).setLevel(logging.INFO)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except MissingExtra as e:  # an optional dependency: say which extra to install, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

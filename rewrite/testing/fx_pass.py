@@ -327,7 +327,7 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
                   tolerance=None, specials: bool = True, check_aliasing: bool = True, takes: str | None = None,
                   sizes: int = SIZES_PER_GRAPH, max_ops: int = 8, focus: bool = True, decompositions="core",
                   seed: int | None = None, shrink_seconds: float = 60.0,
-                  min_changed: int = MIN_CHANGED) -> PassCheckReport:
+                  min_changed: int | None = None) -> PassCheckReport:
     """Check that ``pass_fn`` keeps the meaning of random graphs; raise AssertionError if it does not.
 
     ``pass_fn(gm)`` gets a ``torch.fx.GraphModule`` of ATen ops with ``meta["val"]`` (FakeTensors)
@@ -350,7 +350,8 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     ``check_aliasing=False`` skips the memory-sharing checks. Draws are the same every run unless
     ``seed`` is given. Shrinking a failure stops after about ``shrink_seconds``.
 
-    A pass that changed some graphs but fewer than ``min_changed`` gets up to
+    A pass that changed some graphs but fewer than ``min_changed`` (default: `MIN_CHANGED` = 20, or
+    ``examples`` when fewer are asked for) gets up to
     ``EXTRA_ROUNDS * examples`` more graphs drawn around the ops it changes, until it has changed
     ``min_changed``; if it still has not, the check fails saying so (an "ok" on three changed graphs
     is no evidence). ``min_changed=0`` accepts any number. A pass that changed no graph at all
@@ -364,6 +365,8 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
         raise ValueError(f"takes={takes!r}: use 'module' (the pass gets the GraphModule) or 'graph' (gm.graph)")
     if examples < 1:
         raise ValueError(f"examples={examples} must be at least 1")
+    if min_changed is None:
+        min_changed = min(MIN_CHANGED, examples)
     if not isinstance(min_changed, int) or isinstance(min_changed, bool) or min_changed < 0:
         raise ValueError(f"min_changed={min_changed!r} must be an int >= 0 (0 accepts any number of changed graphs)")
     chosen = [o.name for o in select_ops(ops, dynamic)]  # a bad op name is an error before any work
