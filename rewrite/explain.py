@@ -26,23 +26,31 @@ def explain(fn_or_module, *args, config: CompilerConfig | None = None, fullgraph
     if config is not None and not isinstance(config, CompilerConfig):
         raise TypeError(f"explain(..., config=): expected a rewrite.CompilerConfig, got {type(config).__name__}")
     target, backend = _unwrap_compiled(fn_or_module, config_given=config is not None)
+    ctx = _dynamo_context(fn_or_module)
     if config is not None or backend is None:
         backend = RewriteBackend(config)
-    compiled = torch.compile(target, backend=backend, fullgraph=fullgraph)
+    compiled = torch.compile(target, backend=backend, fullgraph=fullgraph or bool(getattr(ctx, "fullgraph", False)),
+                             dynamic=getattr(ctx, "_dynamic", None))  # as the user compiled it
     result = compiled(*args, **kwargs)
     report = backend.report
     report.result = result
     return report
 
 
-def _unwrap_compiled(obj, config_given: bool):
-    """(the original function or module, a fresh backend with its config) for what torch.compile
-    returned; (obj, None) for anything else. Raises when the backend is not rewrite's and no config
-    was given."""
+def _dynamo_context(obj):
+    """The Dynamo context of what torch.compile returned (it holds the backend), or None."""
     ctx = getattr(obj, "dynamo_ctx", None)  # torch.compile(module): an OptimizedModule
     if ctx is None and hasattr(obj, "_torchdynamo_orig_callable") and getattr(obj, "__closure__", None):
         cells = dict(zip(obj.__code__.co_freevars, obj.__closure__))  # torch.compile(function)
         ctx = cells["self"].cell_contents if "self" in cells else None
+    return ctx
+
+
+def _unwrap_compiled(obj, config_given: bool):
+    """(the original function or module, a fresh backend with its config) for what torch.compile
+    returned; (obj, None) for anything else. Raises when the backend is not rewrite's and no config
+    was given."""
+    ctx = _dynamo_context(obj)
     callback = getattr(ctx, "callback", None)
     if callback is None:
         return obj, None
