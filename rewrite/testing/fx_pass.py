@@ -350,13 +350,12 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     ``check_aliasing=False`` skips the memory-sharing checks. Draws are the same every run unless
     ``seed`` is given. Shrinking a failure stops after about ``shrink_seconds``.
 
-    A pass that changed one-op graphs (or some random graphs) but fewer than ``min_changed`` (default: `MIN_CHANGED` = 20, or
-    ``examples`` when fewer are asked for) gets up to
-    ``EXTRA_ROUNDS * examples`` more graphs drawn around the ops it changes, until it has changed
-    ``min_changed``; if it still has not, the check fails saying so (an "ok" on three changed graphs
-    is no evidence). ``min_changed=0`` accepts any number, and ``focus=False`` skips this. A pass that
-    changed no graph at all passes with a note saying the check says little (an identity or clean-up
-    pass is legitimate).
+    A pass whose one-op graphs the probe found changed, but that changed fewer random graphs than
+    ``min_changed`` (default `MIN_CHANGED` = 20, or ``examples`` when fewer are asked for), gets up
+    to ``EXTRA_ROUNDS * examples`` more graphs of those ops until it has; if it still has not, the
+    check fails saying so (an "ok" on three changed graphs is no evidence). ``min_changed=0``
+    accepts any number; ``focus=False`` skips the probe and this. A pass that changed no graph
+    passes with a note saying the check says little (identity and clean-up passes are legitimate).
     Returns a `PassCheckReport` when every graph agreed.
     """
     exact, tol = _tolerance_option(tolerance)
@@ -455,11 +454,11 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
                 break
         report.extra = report.graphs - drawn
     report.seconds = time.perf_counter() - start
-    # Too few changed graphs fail when the pass is known to change something (its one-op graphs, or
-    # some random graphs) and targeted drawing was on; a pass that changed nothing passes with a note.
-    if focus and report.changed < min_changed and (report.focus or report.changed):
-        where = (f"{report.extra} more graphs drawn around the ops it changes ({', '.join(report.focus)})"
-                 if report.focus else "no op's one-op graphs were changed, so none could be drawn around")
+    # Too few changed graphs fail when the probe found ops the pass changes (graphs of them were drawn
+    # and still too few changed). Without such ops there is nothing to draw around (a pass that changed
+    # nothing, or only larger graphs the probe's tiny ones miss): the report's counts say how much ran.
+    if report.focus and report.changed < min_changed:
+        where = f"{report.extra} more graphs drawn of the ops it changes ({', '.join(report.focus)})"
         raise AssertionError(
             f"check_fx_pass: {name}: inconclusive: the pass changed only {report.changed} of {report.graphs} "
             f"random graphs ({where}), fewer than min_changed={min_changed}, so its rewrite was barely "
