@@ -286,6 +286,23 @@ def test_gears_the_trace_contradicts_are_left_out_and_traced_separately():
     assert unique_graphs() == 2
 
 
+def test_a_first_call_whose_gear_the_model_code_branches_away_from_is_traced_at_its_own_size():
+    # Gears are traced at the largest gear (8): the model's own branch records s > 3, which the first
+    # call's gear 2 contradicts; its trace restarts at size 2 instead of failing, and later calls at the
+    # larger gears get the general graph.
+    model = BranchOnBatch()
+    fn, backend = _compile(model)
+    x = torch.randn(2, 3)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    counters.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), x * 3)
+        for b in (4, 8, 2):
+            xb = torch.randn(b, 3)
+            torch.testing.assert_close(fn(xb), xb * (2 if b > 3 else 3))
+    assert unique_graphs() == 2
+
+
 # -- padding -------------------------------------------------------------------------------------
 
 def test_pad_fallback_pads_to_the_smallest_larger_gear_and_slices_back(caplog):

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from zoo import ARCHS, MODES, compare, run_arch
+from zoo import ARCHS, BY_NAME, MODES, compare, run_arch
+from zoo.runner import GEARS, run_gears
 
 # One or two per family; together well under 3 minutes on a 2-core machine.
 CI = ("bert", "gpt2", "llama", "t5", "vit", "resnet", "wav2vec2", "clip")
@@ -53,3 +54,17 @@ def test_compare_sees_a_small_wrong_value_anywhere_in_a_nested_output():
     ints = {"last_hidden_state": want["last_hidden_state"], "extra": (want["extra"][0], torch.arange(4) + 1)}
     assert not compare(ints, want)[0]
     assert not compare({"last_hidden_state": want["last_hidden_state"]}, want)[0]  # a missing output
+
+
+# Architectures whose batch-1 trace recorded size-1 guards inside ops (attention and convolution backend
+# choices, stride rules) and traced a second Dynamo graph for the other gears (issue 27).
+RETRACED_BEFORE = ("t5", "swin", "convnext", "segformer", "whisper_encoder")
+
+
+@pytest.mark.parametrize("first_batch", [GEARS[0], GEARS[-1]])
+@pytest.mark.parametrize("name", RETRACED_BEFORE)
+def test_one_dynamo_graph_serves_every_gear_whatever_the_first_call(name, first_batch):
+    arch = BY_NAME[name]
+    result = run_gears(arch, arch.model(), first_batch=first_batch)
+    assert result.ok, result.detail
+    assert result.graphs == 1, result.detail

@@ -19,11 +19,11 @@ from ..ir import Graph, TensorMeta
 from ..report import GraphReport
 from ..unit import CompileUnit
 from .dispatch import GearDispatcher, GearSymbol, not_a_gear
-from .spec import GearError, GearSpec
+from .spec import GearError, GearSpec, retrace_at_own_sizes
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["compile_dynamic", "bind_gears", "concretize", "trace_conflicts"]
+__all__ = ["compile_dynamic", "bind_gears", "concretize", "trace_conflicts", "release_op_guards"]
 
 # Log each gear's compile (with its time) at INFO from this many gears on (fewer: DEBUG).
 _PROGRESS_FROM = 2
@@ -83,21 +83,98 @@ def trace_conflicts(graph: Graph, gears: list[dict]) -> list[str | None]:
     contradicts (a symbol's range, a guard or runtime assert Dynamo recorded while tracing), or None.
 
     A gear the trace cannot serve runs other code than the traced graph (e.g. the model branched on
-    ``size > 1``); Dynamo traces such shapes separately. Outside a Dynamo trace only ranges are known.
+    ``size > 1``); Dynamo traces such shapes separately. A gear that contradicts only guards raised
+    inside ops (a meta kernel or ATen's backend choice asking ``batch == 1`` or ``batch < 16``: the
+    op in the graph is the same whatever the answer) is served when its own shape inference agrees
+    with the traced graph at its sizes: those guards are released from Dynamo's shape environment,
+    so Dynamo never retraces for it (`release_op_guards`). Outside a Dynamo trace only ranges are known.
     """
-    facts = _shape_facts()
-    return [_violated(values, facts, graph.symbols) for values in gears]
+    env = _shape_env()
+    facts = _shape_facts(env)
+    out = []
+    for values in gears:
+        why = _violated(values, facts, graph.symbols)
+        if why is not None and env is not None and release_op_guards(graph, values, env):
+            why = None
+        out.append(why)
+    return out
 
 
-def _shape_facts() -> list:
-    """Guards and runtime asserts Dynamo recorded on the size symbols while tracing this graph."""
+def release_op_guards(graph: Graph, values: dict, env) -> bool:
+    """Serve the gear ``values`` from this trace although it contradicts guards Dynamo recorded, when
+    every such guard arose inside an op (`_inside_an_op`) and the gear's static graph passes shape
+    inference (each op's shape at the gear's sizes is the one the trace recorded). Then those guards
+    are removed and the symbols' ranges widened to the gear, in Dynamo's environment (read when it
+    builds its guards, after the backend returns) and in the graph's. False: nothing changed."""
+    from ..shape import ShapeInferenceError, infer_graph
+
+    guards = [g for g in env.guards if _contradicts(env.replace(g.expr), values)]
+    if not all(_inside_an_op(g) for g in guards):
+        return False
+    if any(_contradicts(env.replace(a.expr), values) for asserts in env.deferred_runtime_asserts.values()
+           for a in asserts):
+        return False  # a runtime assert runs in the graph itself: it would fail there
+    try:
+        infer_graph(concretize(graph, values), check=True)
+    except (ShapeInferenceError, GearError) as e:
+        log.info("gears: gear %s needs a trace of its own: its shapes differ from the traced graph's (%s)",
+                 tuple(values.values()), e)
+        return False
+    except Exception as e:  # noqa: BLE001 - a meta kernel refusing the gear's sizes: the op's meaning differs
+        log.info("gears: gear %s needs a trace of its own: %s: %s", tuple(values.values()), type(e).__name__, e)
+        return False
+    for g in guards:
+        env.guards.remove(g)
+        log.info("gears: gear %s served by the same graph: guard %s (raised inside an op at %s) released",
+                 tuple(values.values()), g.expr, g.sloc)
+    for sym, v in values.items():
+        r = env.var_to_range.get(sym)
+        if r is not None and not r.lower <= v <= r.upper:
+            env.var_to_range[sym] = type(r)(min(r.lower, v), max(r.upper, v))
+        info = graph.symbols.get(sym)
+        if info is not None:
+            info.lower = min(info.lower, v) if info.lower is not None else v
+            info.upper = max(info.upper, v) if info.upper is not None else None
+    return True
+
+
+# Where a guard is raised inside an op rather than by the model's own Python: torch's meta kernels,
+# decompositions, reference implementations, fake-tensor impls, and ATen ops Dynamo runs on fake
+# tensors (their C++ backend choice). A guard raised while Dynamo evaluates the model's code
+# (``if x.shape[0] > 3``) is never released: the model may really run other code for other sizes.
+_OP_FILES = ("torch/_subclasses/", "torch/_refs/", "torch/_decomp/", "torch/_meta_registrations.py", "torch/_prims/",
+             "torch/_prims_common/", "torch/_functorch/")
+_OP_FRAMES = {("torch/_dynamo/utils.py", "run_node"), ("torch/_dynamo/utils.py", "get_fake_value")}
+
+
+def _inside_an_op(guard) -> bool:
+    loc = getattr(getattr(guard, "sloc", None), "framework_loc", None)
+    filename = getattr(loc, "filename", None)
+    if not isinstance(filename, str):
+        return False
+    filename = filename.replace("\\", "/")
+    return any(f in filename for f in _OP_FILES) or any(filename.endswith(f) and loc.name == n for f, n in _OP_FRAMES)
+
+
+def _contradicts(expr, values: dict) -> bool:
+    try:
+        return bool(expr.free_symbols & set(values)) and sympy.sympify(expr).subs(values) == sympy.false
+    except (TypeError, AttributeError):
+        return False
+
+
+def _shape_env():
     ctx = torch._guards.TracingContext.try_get()
-    env = getattr(getattr(ctx, "fake_mode", None), "shape_env", None)
+    return getattr(getattr(ctx, "fake_mode", None), "shape_env", None)
+
+
+def _shape_facts(env) -> list:
+    """Guards and runtime asserts Dynamo recorded on the size symbols while tracing this graph."""
     if env is None:
         return []
-    facts = [g.expr for g in getattr(env, "guards", [])]
-    for asserts in getattr(env, "deferred_runtime_asserts", {}).values():
-        facts.extend(a.expr for a in asserts)
+    facts = [env.replace(g.expr) for g in env.guards]  # in the graph's symbols (Dynamo's replacements applied)
+    for asserts in env.deferred_runtime_asserts.values():
+        facts.extend(env.replace(a.expr) for a in asserts)
     return facts
 
 
@@ -107,11 +184,8 @@ def _violated(values: dict, facts: list, symbols: dict) -> str | None:
         if info is not None and (v < info.lower or (info.upper is not None and v > info.upper)):
             return f"{sym} = {v} is outside the traced range [{info.lower}, {info.upper if info.upper is not None else 'oo'}]"
     for fact in facts:
-        try:
-            if fact.free_symbols & set(values) and sympy.sympify(fact).subs(values) == sympy.false:
-                return f"the trace assumed {fact}"
-        except (TypeError, AttributeError):
-            continue
+        if _contradicts(fact, values):
+            return f"the trace assumed {fact}"
     return None
 
 
@@ -175,10 +249,19 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
              ", ".join(f"{s.symbol}: {s.label}" for s in symbols))
 
     values_of = [{s.symbol: v for s, v in zip(symbols, key)} for key in gears]
+    conflicts = trace_conflicts(graph, values_of)
+    if gear_spec.example is not None:
+        example = tuple(gear_spec.example[(s.input_index, s.dim)] for s in symbols)
+        if example in gears and conflicts[gears.index(example)] and retrace_at_own_sizes():
+            # Traced at the largest gear, this call's own gear runs other code (the model branches on
+            # its size): trace again at this call's sizes; Dynamo keeps the graphs apart by its guards.
+            log.info("gears: graph %d: the call's gear %s %s; traced again at its own sizes", number, example,
+                     conflicts[gears.index(example)])
+            raise torch._dynamo.exc.TensorifyScalarRestartAnalysis(restart_reason="rewrite gears: trace at own size")
     table: dict = {}
     verbose = logging.INFO if len(gears) >= _PROGRESS_FROM else logging.DEBUG
     with report.stage("gears"):
-        for n, (key, values, why) in enumerate(zip(gears, values_of, trace_conflicts(graph, values_of)), 1):
+        for n, (key, values, why) in enumerate(zip(gears, values_of, conflicts), 1):
             if why:
                 log.warning("gears: gear %s cannot use graph %d (%s); Dynamo traces such shapes separately",
                             key, number, why)

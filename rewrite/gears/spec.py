@@ -19,6 +19,8 @@ import dataclasses
 import itertools
 import logging
 import operator
+import threading
+import weakref
 
 import torch
 
@@ -27,7 +29,7 @@ from ..fx_bridge import dynamo_input_names
 log = logging.getLogger("rewrite")
 
 __all__ = ["GearError", "set_dim_gears", "get_dim_gears", "collect_gear_specs", "GearSpec", "InputGears",
-           "MAX_GEARS", "size_oblivious", "restore_size_oblivious"]
+           "MAX_GEARS", "size_oblivious", "restore_size_oblivious", "retrace_at_own_sizes"]
 
 MAX_GEARS = 100
 MAX_GEAR_SIZE = 2**63 - 1  # torch sizes are int64
@@ -51,6 +53,15 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
     (TorchAir's rule, from the seed: the same tensor may not be given different gears twice; a
     different value or an added dim is an error). The dims are marked dynamic for Dynamo, so one
     trace serves every gear.
+
+    One trace for every gear, whatever size the first call has: Dynamo traces the dims with the
+    largest gear as their size hint (``mark_dynamic(..., hint_override=)``), so the guards it records
+    are those of the general case. A guard a smaller gear contradicts only because an op asked about
+    the size (ATen's attention or convolution backend choice asking ``batch == 1``, a meta kernel's
+    stride rule) is released for that gear when its own shapes agree with the trace
+    (`rewrite.gears.compile.release_op_guards`); a guard from the model's own code (``if
+    x.shape[0] > 3``) is kept, and Dynamo traces such sizes separately; when the call being compiled
+    is such a size, its trace restarts at its own size (`retrace_at_own_sizes`).
 
     Size 1: Dynamo specializes sizes 0 and 1 of backed symbols, so a batch-1 call would trace a
     second graph (as a gear it would be compiled twice; outside the gears it would bypass the gear
@@ -105,8 +116,32 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
                         f"different gears {want} (set them once, with every dim)")
     setattr(tensor, _ATTR, normalized)
     size_oblivious.turn_on()
-    for d in normalized:
-        torch._dynamo.mark_dynamic(tensor, d)
+    for d, values in normalized.items():
+        # Traced at the largest gear, whatever size this call has (`retrace_at_own_sizes`).
+        torch._dynamo.mark_dynamic(tensor, d, hint_override=max(values))
+    with _hinted_lock:
+        _hinted[id(tensor)] = tensor
+
+
+# Tensors whose geared dims carry the largest gear as Dynamo's size hint (set_dim_gears's docstring).
+_hinted: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+_hinted_lock = threading.Lock()
+
+
+def retrace_at_own_sizes() -> bool:
+    """Drop the largest-gear size hints of the tensors `set_dim_gears` marked, so Dynamo traces them at
+    their own sizes; True when any had one. For a call whose own gear the largest-gear trace cannot
+    serve (the model's code branches on the size): its trace restarts at its own size, as without hints."""
+    with _hinted_lock:
+        tensors = list(_hinted.values())
+        _hinted.clear()
+    dropped = False
+    for t in tensors:
+        hints = getattr(t, "_dynamo_hint_overrides", None)
+        if hints:
+            hints.clear()
+            dropped = True
+    return dropped
 
 
 def get_dim_gears(tensor) -> dict:

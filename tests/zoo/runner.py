@@ -193,17 +193,18 @@ def run_reduce_overhead(arch: Arch, model) -> ModeResult:
     return ModeResult("reduce-overhead", not problems, calls.worst, "; ".join(problems))
 
 
-def run_gears(arch: Arch, model) -> ModeResult:
+def run_gears(arch: Arch, model, first_batch: int = GEARS[0]) -> ModeResult:
+    """Gears on dim 0 of every input, set on the first call (at ``first_batch``), then a call at every gear."""
     from torch._dynamo.utils import counters
 
     compiled, backend = _compile(model, rewrite.CompilerConfig())
-    first = arch.inputs(GEARS[0], seed=200)
+    first = arch.inputs(first_batch, seed=200)
     for t in first.values():
         rewrite.inference.set_dim_gears(t, dim_gears={0: list(GEARS)})
     counters.clear()
     calls = _Calls()
     try:
-        calls.check(f"first call (batch {GEARS[0]})", compiled, model, first)
+        calls.check(f"first call (batch {first_batch})", compiled, model, first)
         for b in GEARS:
             calls.check(f"batch {b}", compiled, model, arch.inputs(b, seed=300 + b))
     finally:
