@@ -41,6 +41,7 @@ __all__ = [
 # Submodules and functions loaded on first use, so `import rewrite` stays cheap: a process that only
 # loads an exported graph (`rewrite.load`) never imports Dynamo.
 _LAZY = {
+    "get_backend": ("rewrite.backend", "get_backend"),
     "GearError": ("rewrite.gears.spec", "GearError"),
     "inference": ("rewrite.inference", None),
     "scope": ("rewrite.scope", None),
@@ -50,20 +51,6 @@ _LAZY = {
     "dynamo_export": ("rewrite.export", "dynamo_export"),
     "load": ("rewrite.export", "load"),
 }
-
-
-def get_backend(compiler_config: CompilerConfig | None = None, *, config: CompilerConfig | None = None,
-                decompositions: dict | None = None):
-    """The backend to pass to ``torch.compile(model, backend=...)``.
-
-    ``config=`` is the keyword every other function takes (``explain``, ``load``, ``cache_compile``);
-    ``compiler_config=`` is TorchAir's and the design's: both are accepted, one at a time.
-    """
-    if compiler_config is not None and config is not None:
-        raise TypeError("get_backend(): pass the config once, as config= or compiler_config= (the same thing)")
-    from .backend import RewriteBackend
-
-    return RewriteBackend(config if config is not None else compiler_config, decompositions=decompositions)
 
 
 def __getattr__(name):
