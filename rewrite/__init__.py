@@ -15,11 +15,22 @@ from .fx_bridge import CompileError
 
 logging.getLogger("rewrite").addHandler(logging.NullHandler())
 
+# egglog logs every rule application at INFO (about 19,000 lines for a 2-layer MLP, 459,000 for the
+# demo) under its own loggers, drowning rewrite's report at `logging.basicConfig(level=INFO)` or
+# `python -m rewrite -v`. They start at WARNING unless the user has set a level on them;
+# `logging.getLogger("egglog").setLevel(logging.INFO)` before the first compile (or
+# `python -m rewrite -vv`) shows them again.
+EGGLOG_LOGGERS = ("egglog", "egglog.egraph")
+for _name in EGGLOG_LOGGERS:
+    if logging.getLogger(_name).level == logging.NOTSET:
+        logging.getLogger(_name).setLevel(logging.WARNING)
+
 __all__ = [
     "get_backend",
     "CompilerConfig",
     "ConfigError",
     "CompileError",
+    "GearError",
     "explain",
     "dynamo_export",
     "load",
@@ -31,6 +42,7 @@ __all__ = [
 # loads an exported graph (`rewrite.load`) never imports Dynamo.
 _LAZY = {
     "get_backend": ("rewrite.backend", "get_backend"),
+    "GearError": ("rewrite.gears.spec", "GearError"),
     "inference": ("rewrite.inference", None),
     "scope": ("rewrite.scope", None),
     "testing": ("rewrite.testing", None),

@@ -221,9 +221,16 @@ def _mutated_nodes(graph: Graph) -> set[int]:
     return out
 
 
-def get_backend(compiler_config: CompilerConfig | None = None) -> RewriteBackend:
-    """The backend to pass to ``torch.compile(model, backend=...)``."""
-    return RewriteBackend(compiler_config)
+def get_backend(compiler_config: CompilerConfig | None = None, *, config: CompilerConfig | None = None,
+                decompositions: dict | None = None) -> RewriteBackend:
+    """The backend to pass to ``torch.compile(model, backend=...)``.
+
+    ``config=`` is the keyword every other function takes (``explain``, ``load``, ``cache_compile``);
+    ``compiler_config=`` is TorchAir's and the design's: both are accepted, one at a time.
+    """
+    if compiler_config is not None and config is not None:
+        raise TypeError("get_backend(): pass the config once, as config= or compiler_config= (the same thing)")
+    return RewriteBackend(config if config is not None else compiler_config, decompositions=decompositions)
 
 
 _TORCH_MODES = {None: None, "default": None, "max-autotune": "max-autotune",

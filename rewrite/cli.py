@@ -106,7 +106,9 @@ def _demo(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rewrite", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the compiler does")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="-v: log rewrite's report (INFO on the rewrite logger); -vv: egglog's rule-by-rule "
+                             "INFO lines too (hundreds of thousands of lines for the demo)")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compile MiniLM with batch gears and report")
     demo.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -136,9 +138,20 @@ def main(argv=None) -> int:
                        "only entries this user's rewrite signed, never other files")
     cache.set_defaults(run=_cache)
     args = parser.parse_args(argv)
+    from .extras import MissingExtra
+
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s %(levelname)s: %(message)s")
-    return args.run(args)
+    if args.verbose >= 2:  # `import rewrite` sets egglog's loggers to WARNING (see rewrite/__init__.py)
+        from . import EGGLOG_LOGGERS
+
+        for name in EGGLOG_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
+    try:
+        return args.run(args)
+    except MissingExtra as e:  # an optional dependency: say which extra to install, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

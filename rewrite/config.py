@@ -9,7 +9,7 @@ import copy
 import math
 from typing import Any
 
-__all__ = ["CompilerConfig", "ConfigError", "REDUCE_OVERHEAD_MODES", "is_reduce_overhead"]
+__all__ = ["CompilerConfig", "ConfigError", "UnknownFieldError", "REDUCE_OVERHEAD_MODES", "is_reduce_overhead"]
 
 # The mode names that mean reduce-overhead (TorchAir's npugraph_ex is reduce-overhead under another name).
 REDUCE_OVERHEAD_MODES = ("reduce-overhead", "npugraph_ex")
@@ -17,6 +17,12 @@ REDUCE_OVERHEAD_MODES = ("reduce-overhead", "npugraph_ex")
 
 class ConfigError(ValueError):
     """A config field was misspelt or given a value it does not allow."""
+
+
+class UnknownFieldError(ConfigError, AttributeError):
+    """A config field or section that does not exist was read (``config.dump_config.enable_dump = True``
+    reads ``dump_config`` first). A `ConfigError`, as the README promises for TorchAir-only sections,
+    and an AttributeError, so ``hasattr`` and ``getattr(config, name, default)`` keep working."""
 
 
 class _Choice:
@@ -95,11 +101,19 @@ class _Section:
                     out[name] = spec
         return out
 
+    def __getattr__(self, name):
+        # Only called for names that are not set: an unknown field. Private and dunder names keep
+        # Python's plain AttributeError (copy, pickle and hasattr probes ask for those).
+        if name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise UnknownFieldError(f"{self._path} has no field {name!r}; known fields: {sorted(self._fields())}"
+                                + _TORCHAIR_ONLY.get(name, ""))
+
     def __setattr__(self, name, value):
         fields = self._fields()
         if name not in fields:
             raise ConfigError(
-                f"{self._path} has no field {name!r}; known fields: {sorted(fields)}"
+                f"{self._path} has no field {name!r}; known fields: {sorted(fields)}" + _TORCHAIR_ONLY.get(name, "")
             )
         spec = fields[name]
         if isinstance(spec, type):
@@ -126,6 +140,15 @@ class _Section:
 
     def __repr__(self):
         return f"{type(self).__name__}({self.as_dict()})"
+
+
+# TorchAir config names rewrite does not have, and why (the README's "Porting from TorchAir").
+_TORCHAIR_ONLY = {
+    name: f" ({name} is TorchAir's {what}, which rewrite does not have; see the README, Porting from TorchAir)"
+    for name, what in [("dump_config", "GE dump section"), ("aoe_config", "AOE tuning section"),
+                       ("fusion_config", "GE fusion section"), ("clone_input", "npugraph_ex input-copy switch"),
+                       ("remove_noop_ops", "npugraph_ex pass switch")]
+}
 
 
 class GraphDumpConfig(_Section):
@@ -267,7 +290,16 @@ class CacheConfig(_Section):
 
 
 class CompilerConfig(_Section):
-    """All options of the `rewrite` backend. Unknown fields raise `ConfigError`."""
+    """All options of the `rewrite` backend. Unknown fields raise `ConfigError`.
+
+    Fields may also be given when it is made, by name or dotted path, with the same checks:
+    ``CompilerConfig(mode="reduce-overhead")``, ``CompilerConfig(**{"exec.kernels": "inductor"})``.
+    """
+
+    def __init__(self, **fields):
+        super().__init__()
+        for path, value in fields.items():
+            self.set_path(path, value)
 
     mode = _Choice("max-autotune", ("max-autotune", *REDUCE_OVERHEAD_MODES))
     # User FX passes run on each AOT graph before / after the built-in ones (TorchAir and Inductor

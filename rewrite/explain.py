@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .backend import get_backend
-from .config import CompilerConfig
+from .backend import RewriteBackend, rewrite_backend
+from .config import CompilerConfig, ConfigError
 from .report import CompileReport
 
 __all__ = ["explain"]
@@ -14,11 +14,72 @@ def explain(fn_or_module, *args, config: CompilerConfig | None = None, fullgraph
     """Compile ``fn_or_module`` with `rewrite`, call it on ``args``, return the `CompileReport`.
 
     The report prints op counts before and after optimization (per gear), the passes and rules
-    applied and the time spent per stage. ``report.result`` holds what the call returned.
+    that fired and the time spent per stage. ``report.result`` holds what the call returned.
+
+    ``fn_or_module`` may be what ``torch.compile(..., backend=...)`` returned: its original function
+    or module is compiled again with that backend's config (a `RewriteBackend`, ``backend="rewrite"``
+    with its ``mode``/``options``, or ``"npugraph_ex"``), so switched-off rules stay off and the gear
+    policy stays the user's. ``config=`` overrides it. A model compiled with another backend
+    (Inductor...) needs ``config=``: explaining it with rewrite's defaults would report a compile the
+    user never asked for.
     """
-    backend = get_backend(config or CompilerConfig())
-    compiled = torch.compile(fn_or_module, backend=backend, fullgraph=fullgraph)
+    if config is not None and not isinstance(config, CompilerConfig):
+        raise TypeError(f"explain(..., config=): expected a rewrite.CompilerConfig, got {type(config).__name__}")
+    target, backend = _unwrap_compiled(fn_or_module, config_given=config is not None)
+    ctx = _dynamo_context(fn_or_module)
+    if config is not None or backend is None:
+        backend = RewriteBackend(config)
+    compiled = torch.compile(target, backend=backend, fullgraph=fullgraph or bool(getattr(ctx, "fullgraph", False)),
+                             dynamic=getattr(ctx, "_dynamic", None))  # as the user compiled it
     result = compiled(*args, **kwargs)
     report = backend.report
     report.result = result
     return report
+
+
+def _dynamo_context(obj):
+    """The Dynamo context of what torch.compile returned (it holds the backend), or None."""
+    ctx = getattr(obj, "dynamo_ctx", None)  # torch.compile(module): an OptimizedModule
+    if ctx is None and hasattr(obj, "_torchdynamo_orig_callable") and getattr(obj, "__closure__", None):
+        cells = dict(zip(obj.__code__.co_freevars, obj.__closure__))  # torch.compile(function)
+        ctx = cells["self"].cell_contents if "self" in cells else None
+    return ctx
+
+
+def _unwrap_compiled(obj, config_given: bool):
+    """(the original function or module, a fresh backend with its config) for what torch.compile
+    returned; (obj, None) for anything else. Raises when the backend is not rewrite's and no config
+    was given."""
+    ctx = _dynamo_context(obj)
+    callback = getattr(ctx, "callback", None)
+    if callback is None:
+        return obj, None
+    original = getattr(obj, "_orig_mod", None) or obj._torchdynamo_orig_callable
+    from torch._dynamo.eval_frame import innermost_backend
+
+    if config_given:
+        return original, None
+    inner = innermost_backend(callback)
+    fn, options = getattr(inner, "compiler_fn", inner), getattr(inner, "kwargs", {})
+    if isinstance(fn, RewriteBackend):  # copy its config and decompositions, not its report
+        return original, type(fn)(fn.config, decompositions=fn.decompositions)
+    if fn is rewrite_backend:  # backend="rewrite", mode=, options=: the config rewrite_backend builds
+        from .backend import _TORCH_MODES
+
+        config = CompilerConfig()
+        if _TORCH_MODES.get(options.get("mode")):
+            config.mode = _TORCH_MODES[options["mode"]]
+        for path, value in (options.get("options") or {}).items():
+            config.set_path(path, value)
+        return original, RewriteBackend(config)
+    from .compat import npugraph_ex as npugraph_ex_entry
+
+    if fn is npugraph_ex_entry or getattr(fn, "__name__", "") == "npugraph_ex" \
+            and getattr(fn, "__module__", "").startswith("rewrite."):
+        from .compat.torchair import _npugraph_ex_config
+
+        return original, RewriteBackend(_npugraph_ex_config(options.get("options")))
+    name = getattr(inner, "compiler_name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    raise ConfigError(f"explain(): this model was compiled with backend {name!r}, not rewrite's, so there is no "
+                      "rewrite config to explain it with; name one: rewrite.explain(model, *args, "
+                      "config=rewrite.CompilerConfig())")

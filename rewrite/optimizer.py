@@ -140,6 +140,10 @@ def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Grap
     rulesets = without(list(SCHEDULE.saturation.rulesets) + check_user_rulesets(config.rules.extra),
                        config.rules.disabled)
     report.predicted_cost = (graph_cost(graph), None)
+    if graph.symbols:  # the cost model prices a symbolic size as a stand-in value: the report says so
+        from .cost import SYMBOL_SIZE
+
+        report.symbolic_size_stand_in = SYMBOL_SIZE
     original, graph = graph, graph.copy()
     _optimize_subgraphs(graph, config, report)
     rewritten = False

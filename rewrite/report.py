@@ -25,6 +25,11 @@ class GraphReport:
     notes: list = dataclasses.field(default_factory=list)
     # (before, after) predicted seconds of the graph by the calibrated cost model (rewrite.cost)
     predicted_cost: tuple | None = None
+    # What the last e-graph run's extraction kept (rewrite.egraph): a rule that fired in the e-graph
+    # may be in no kept graph, so "fired" alone overstated what changed (issue 30).
+    kept: str | None = None
+    # The size the cost model priced the graph's symbolic sizes at (rewrite.cost.SYMBOL_SIZE), when it has any
+    symbolic_size_stand_in: int | None = None
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -51,10 +56,16 @@ class GraphReport:
                 lines.append(f"  {n:<{width}}  {b:>6}  {a:>5}{mark}")
         if self.predicted_cost and self.predicted_cost[1] is not None:
             before, after = self.predicted_cost
-            ratio = f" ({after / before:.2f}x)" if before else ""
-            lines.append(f"  predicted cost: {before * 1e6:.1f} us -> {after * 1e6:.1f} us{ratio}")
+            # A cost ratio, not a speed-up: spelt out so it is not read as the demo table's "x".
+            ratio = f" ({after / before:.0%} of the cost before)" if before else ""
+            stand_in = (f"; symbolic sizes priced as {self.symbolic_size_stand_in}, whatever sizes run"
+                        if self.symbolic_size_stand_in else "")
+            lines.append(f"  predicted cost: {before * 1e6:.1f} us -> {after * 1e6:.1f} us{ratio}{stand_in}")
         if self.applied:
-            lines.append("  applied: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.applied.items())))
+            lines.append("  fired: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.applied.items()))
+                         + " (rule matches in the e-graph and pass counts)")
+        if self.kept:
+            lines.append(f"  kept: {self.kept}")
         if self.gears:
             lines.append("  gears:")
             for gear, counts in self.gears.items():

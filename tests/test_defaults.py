@@ -169,6 +169,7 @@ def test_set_dim_gears_defaults_one_compile_every_gear_equals_eager(cwd):
             torch.testing.assert_close(compiled(part), model(part))
         assert len(compiles) == 1  # one trace serves every gear
         assert len(inner.report.graphs[0].gears) == 4
+        assert rewrite.GearError is rewrite.inference.GearError  # the README's spelling
         with pytest.raises(rewrite.inference.GearError):  # default gear_fallback="error": 3 is no gear
             compiled(x[:3])
 
@@ -510,6 +511,18 @@ def compat_record_wait(cwd):
     torch.testing.assert_close(compiled(x), (x + 1) * 4)
 
 
+def compat_logger(cwd):
+    # TorchAir scripts set its logger's level (torchair.logger.setLevel(logging.DEBUG)): here it is rewrite's
+    import logging
+
+    assert torchair.logger is logging.getLogger("rewrite")
+    torchair.logger.setLevel(logging.INFO)
+    try:
+        assert logging.getLogger("rewrite").isEnabledFor(logging.INFO)
+    finally:
+        torchair.logger.setLevel(logging.NOTSET)
+
+
 def _npu_only_scopes(x):
     with torchair.scope.super_kernel("sk"), torchair.scope.limit_core_num(4, 8), \
             torchair.scope.op_never_timeout(), torchair.scope.data_dump():
@@ -541,6 +554,7 @@ COMPAT_TESTS = {
     "scope.limit_core_num": compat_npu_only_scopes,
     "scope.op_never_timeout": compat_npu_only_scopes,
     "scope.data_dump": compat_npu_only_scopes,
+    "logger": compat_logger,
 }
 
 
@@ -566,6 +580,7 @@ PUBLIC_TESTS = {
     "inference.set_dim_gears": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
     "inference.get_dim_gears": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
     "inference.GearError": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
+    "GearError": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
     "inference.cache_compile": test_cache_compile_defaults_write_rewrite_cache_and_a_fresh_process_hits,
     "scope.stream_switch": test_scope_defaults_compiled_equals_eager,
     "scope.wait_tensor": test_scope_defaults_compiled_equals_eager,

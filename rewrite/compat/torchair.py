@@ -10,6 +10,7 @@ deliberate difference. Importing it also registers the backend name ``"npugraph_
 from __future__ import annotations
 
 import copy
+import logging
 import types
 
 import torch
@@ -98,6 +99,9 @@ class data_dump(_NpuOnlyScope):  # noqa: N801
     pass
 
 
+# TorchAir's `torchair.logger` (``torchair.logger.setLevel(logging.DEBUG)``): rewrite logs to the "rewrite" logger.
+logger = logging.getLogger("rewrite")
+
 inference = types.SimpleNamespace(set_dim_gears=_inference.set_dim_gears, cache_compile=_inference.cache_compile)
 
 # npugraph_ex's options (torchair's _process_kwargs_options): option -> (rewrite config path or None when
@@ -168,5 +172,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'rewrite.compat.torchair' has no attribute {name!r}")
 
 
-__all__ = ["CompilerConfig", "get_npu_backend", "NpuBackend", "dynamo_export", "inference", "scope", "ops",
+__all__ = ["CompilerConfig", "get_npu_backend", "logger", "NpuBackend", "dynamo_export", "inference", "scope", "ops",
            "npugraph_ex"]

@@ -199,7 +199,10 @@ def _run(graph: Graph, run: EGraphRun, report) -> tuple[Graph, bool]:
     before, after = graph_cost(graph), graph_cost(new)
     if after > before * (1 + 1e-9) + 1e-9:
         log.info("e-graph result of %s costs more (%.1f > %.1f); keeping the input", graph.name, after, before)
+        report.kept = "the graph as it was: the e-graph's cheapest graph was not cheaper (fired rules unused)"
         return graph, False
+    report.kept = ("the e-graph's cheapest graph (the op counts above; a fired rule whose result cost more "
+                   "is not in it)")
     return new, True
 
 

@@ -61,6 +61,15 @@ __all__ = ["check_fx_pass", "fx_pass_test", "PassCheckReport", "load_pass"]
 
 LISTED = 4  # differing elements named in a report
 SWEEP_EXAMPLES = 2  # graphs of each changed op alone, per dtype, before the random graphs
+# Tiny graphs per op when probing which ops a pass changes. Three were too few: hypothesis draws the
+# simplest scalar (0.0) first, which a pass guarding ``c != 0`` skips, so a pass rewriting ``x / c``
+# looked like it changed nothing (issue 30). The probe stops at an op's first changed graph.
+PROBE_EXAMPLES = 12
+# A pass that changed fewer random graphs than this gets more graphs drawn around the ops it changes
+# (up to EXTRA_ROUNDS times ``examples``); still fewer is a failure saying so: "ok" on two changed
+# graphs is no evidence.
+MIN_CHANGED = 20
+EXTRA_ROUNDS = 4
 
 
 @dataclasses.dataclass
@@ -75,6 +84,7 @@ class PassCheckReport:
     invalid: int = 0  # drawn graphs left out because the graph itself failed to run (should stay 0)
     focus: tuple[str, ...] = ()  # op generators whose one-op graphs the pass changed (see _probe)
     swept: int = 0  # one-op graphs of the focus ops checked in every dtype (not counted above)
+    extra: int = 0  # graphs drawn around the focus ops because the pass had changed too few (counted in graphs)
     seconds: float = 0.0
 
     @property
@@ -92,6 +102,8 @@ class PassCheckReport:
         if self.focus:
             text += (f"\n  the pass changed one-op graphs of: {', '.join(self.focus)} "
                      f"({self.swept} graphs of them alone in every dtype, then half the graphs drawn around them)")
+        if self.extra:
+            text += f"\n  {self.extra} more graphs drawn around those ops because too few had been changed"
         if not self.changed:
             text += ("\n  note: the pass changed none of the graphs, so this says little; "
                      "draw graphs it rewrites (ops=..., dtypes=...)")
@@ -290,7 +302,7 @@ def _probe(pass_fn, takes: str, cases: Callable, ops: Sequence[str], dynamic: bo
     for op in ops:
         hit: list[bool] = []
 
-        @settings(max_examples=1 if dynamic else 3, deadline=None, database=None, derandomize=True,
+        @settings(max_examples=1 if dynamic else PROBE_EXAMPLES, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck), phases=[Phase.generate])
         @given(cases(ops=[op], max_ops=3))
         def probe(case):
@@ -314,7 +326,8 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
                   dtypes: Sequence[torch.dtype] | None = None, ops: Sequence[str] | None = None,
                   tolerance=None, specials: bool = True, check_aliasing: bool = True, takes: str | None = None,
                   sizes: int = SIZES_PER_GRAPH, max_ops: int = 8, focus: bool = True, decompositions="core",
-                  seed: int | None = None, shrink_seconds: float = 60.0) -> PassCheckReport:
+                  seed: int | None = None, shrink_seconds: float = 60.0,
+                  min_changed: int | None = None) -> PassCheckReport:
     """Check that ``pass_fn`` keeps the meaning of random graphs; raise AssertionError if it does not.
 
     ``pass_fn(gm)`` gets a ``torch.fx.GraphModule`` of ATen ops with ``meta["val"]`` (FakeTensors)
@@ -336,6 +349,13 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     ``specials=False`` leaves out NaN/inf/extremes, which reassociation legitimately changes);
     ``check_aliasing=False`` skips the memory-sharing checks. Draws are the same every run unless
     ``seed`` is given. Shrinking a failure stops after about ``shrink_seconds``.
+
+    A pass whose one-op graphs the probe found changed, but that changed fewer random graphs than
+    ``min_changed`` (default `MIN_CHANGED` = 20, or ``examples`` when fewer are asked for), gets up
+    to ``EXTRA_ROUNDS * examples`` more graphs of those ops until it has; if it still has not, the
+    check fails saying so (an "ok" on three changed graphs is no evidence). ``min_changed=0``
+    accepts any number; ``focus=False`` skips the probe and this. A pass that changed no graph
+    passes with a note saying the check says little (identity and clean-up passes are legitimate).
     Returns a `PassCheckReport` when every graph agreed.
     """
     exact, tol = _tolerance_option(tolerance)
@@ -345,6 +365,10 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
         raise ValueError(f"takes={takes!r}: use 'module' (the pass gets the GraphModule) or 'graph' (gm.graph)")
     if examples < 1:
         raise ValueError(f"examples={examples} must be at least 1")
+    if min_changed is None:
+        min_changed = min(MIN_CHANGED, examples)
+    if not isinstance(min_changed, int) or isinstance(min_changed, bool) or min_changed < 0:
+        raise ValueError(f"min_changed={min_changed!r} must be an int >= 0 (0 accepts any number of changed graphs)")
     chosen = [o.name for o in select_ops(ops, dynamic)]  # a bad op name is an error before any work
     table = decomposition_table(decompositions)
     cases = functools.partial(fx_cases, dynamic=dynamic, dtypes=dtypes, max_ops=max_ops, decompositions=table)
@@ -401,12 +425,13 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
             check_case(data, data.draw(strategy, label="graph"), swept=True)
         return check_drawn
 
-    def run(check, max_examples: int):
-        test = settings(max_examples=max_examples, deadline=None, database=None, derandomize=seed is None,
+    def run(check, max_examples: int, round_seed: int | None = None):
+        fixed = seed if round_seed is None else (seed or 0) * 1000 + round_seed
+        test = settings(max_examples=max_examples, deadline=None, database=None, derandomize=fixed is None,
                         suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
                         report_multiple_bugs=False, print_blob=False)(given(st.data())(check))
-        if seed is not None:
-            test = hypothesis_seed(seed)(test)
+        if fixed is not None:
+            test = hypothesis_seed(fixed)(test)
         with _shrinking_limited_to(shrink_seconds):
             test()
 
@@ -417,7 +442,27 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
             with contextlib.suppress(Unsatisfiable):  # the op has no graph in this dtype
                 run(checking(cases(ops=[op], dtypes=(dtype,), max_ops=2)), SWEEP_EXAMPLES)
     run(check_one, examples)
+    if report.changed < min_changed and report.focus:
+        # Few changed graphs: draw graphs around the changed ops only, until enough are changed.
+        def check_around_focus(data):  # graphs of the changed ops only: most of them reach the rewrite
+            check_case(data, data.draw(cases(ops=list(report.focus)), label="graph of the ops the pass changes"))
+
+        drawn = report.graphs
+        for round_no in range(1, EXTRA_ROUNDS + 1):  # a round each (own seed), until enough are changed
+            run(check_around_focus, examples, round_seed=round_no)
+            if report.changed >= min_changed:
+                break
+        report.extra = report.graphs - drawn
     report.seconds = time.perf_counter() - start
+    # Too few changed graphs fail when the probe found ops the pass changes (graphs of them were drawn
+    # and still too few changed). Without such ops there is nothing to draw around (a pass that changed
+    # nothing, or only larger graphs the probe's tiny ones miss): the report's counts say how much ran.
+    if report.focus and report.changed < min_changed:
+        where = f"{report.extra} more graphs drawn of the ops it changes ({', '.join(report.focus)})"
+        raise AssertionError(
+            f"check_fx_pass: {name}: inconclusive: the pass changed only {report.changed} of {report.graphs} "
+            f"random graphs ({where}), fewer than min_changed={min_changed}, so its rewrite was barely "
+            f"exercised. Draw graphs it rewrites (ops=[...], dtypes=[...]), or accept this with min_changed=0.")
     return report
 
 

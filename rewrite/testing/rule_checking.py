@@ -309,8 +309,9 @@ class RuleCheckReport:
         return self.error is None
 
     def __str__(self):
-        status = "ok" if self.ok else "UNSOUND"
-        return (f"{self.rule}: {status}, {self.valid} of {self.examples} instances compared"
+        if not self.ok:  # hypothesis stops at the first counterexample (then shrinks it): no count to give
+            return f"{self.rule}: UNSOUND (counterexample below)"
+        return (f"{self.rule}: ok, {self.valid} of {self.examples} instances compared"
                 f"{f', {self.guarded} refused by the dtype/shape guard' if self.guarded else ''}"
                 f"{f', {self.aliasing} turn a fresh result into a view of an input' if self.aliasing else ''}")
 
@@ -332,7 +333,7 @@ def _shares_storage(value, binding: dict) -> bool:
 
 
 def check_rule(rule, examples: int = 100, dtypes: Sequence[torch.dtype] = ALL_DTYPES,
-               min_valid: int | None = None) -> RuleCheckReport:
+               min_valid: int | None = None, *, print_counterexample: bool = True) -> RuleCheckReport:
     """Check ``rule`` on random instances of its left side; raise AssertionError if it is unsound.
 
     For each instance the left side is evaluated with torch, the conditions are evaluated on the
@@ -408,8 +409,10 @@ def check_rule(rule, examples: int = 100, dtypes: Sequence[torch.dtype] = ALL_DT
         run()
     except AssertionError:
         report.error = failures[-1] if failures else "check failed"
-        # Print the (shrunk) counterexample so a test log shows it even when the error is caught.
-        print(report.error)
+        # Print the (shrunk) counterexample so a test log shows it even when the error is caught
+        # (check_ruleset does not: its report prints each counterexample once).
+        if print_counterexample:
+            print(report.error)
         raise AssertionError(report.error) from None
     if report.valid < min_valid:
         report.error = (f"rule {rule.name}: only {report.valid} of {report.examples} random instances could be "
@@ -424,7 +427,7 @@ def check_ruleset(ruleset, examples: int = 100) -> list[RuleCheckReport]:
     reports = []
     for r in ruleset.rules:
         try:
-            reports.append(check_rule(r, examples=examples))
+            reports.append(check_rule(r, examples=examples, print_counterexample=False))
         except AssertionError as e:
             reports.append(RuleCheckReport(r.name, error=str(e)))
     return reports
