@@ -38,7 +38,7 @@ from .user_passes import run_post_pass, run_pre_pass
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["get_backend", "rewrite_backend", "RewriteBackend", "decomposition_table"]
+__all__ = ["get_backend", "rewrite_backend", "torch_compile_config", "RewriteBackend", "decomposition_table"]
 
 _graph_numbers = itertools.count()
 
@@ -237,12 +237,9 @@ _TORCH_MODES = {None: None, "default": None, "max-autotune": "max-autotune",
                 "max-autotune-no-cudagraphs": "max-autotune", "reduce-overhead": "reduce-overhead"}
 
 
-def rewrite_backend(gm, example_inputs, *, mode: str | None = None, options: dict | None = None):
-    """Entry point for ``torch.compile(backend="rewrite", mode=..., options=...)``.
-
-    ``mode`` takes torch.compile's mode names; ``options`` maps dotted config paths to values,
-    e.g. ``{"inference_config.gear_fallback": "pad", "exec.kernels": "inductor"}``.
-    """
+def torch_compile_config(mode: str | None = None, options: dict | None = None) -> CompilerConfig:
+    """The config of ``torch.compile(backend="rewrite", mode=..., options=...)``: torch.compile's mode
+    names, and ``options`` mapping dotted config paths to values."""
     config = CompilerConfig()
     if mode not in _TORCH_MODES:
         raise ConfigError(f"torch.compile(backend='rewrite', mode={mode!r}): mode must be one of "
@@ -251,5 +248,14 @@ def rewrite_backend(gm, example_inputs, *, mode: str | None = None, options: dic
         config.mode = _TORCH_MODES[mode]
     for path, value in (options or {}).items():
         config.set_path(path, value)
-    return RewriteBackend(config)(gm, example_inputs)
+    return config
+
+
+def rewrite_backend(gm, example_inputs, *, mode: str | None = None, options: dict | None = None):
+    """Entry point for ``torch.compile(backend="rewrite", mode=..., options=...)``.
+
+    ``mode`` takes torch.compile's mode names; ``options`` maps dotted config paths to values,
+    e.g. ``{"inference_config.gear_fallback": "pad", "exec.kernels": "inductor"}``.
+    """
+    return RewriteBackend(torch_compile_config(mode, options))(gm, example_inputs)
 

@@ -64,21 +64,16 @@ def _unwrap_compiled(obj, config_given: bool):
     if isinstance(fn, RewriteBackend):  # copy its config and decompositions, not its report
         return original, type(fn)(fn.config, decompositions=fn.decompositions)
     if fn is rewrite_backend:  # backend="rewrite", mode=, options=: the config rewrite_backend builds
-        from .backend import _TORCH_MODES
+        from .backend import torch_compile_config
 
-        config = CompilerConfig()
-        if _TORCH_MODES.get(options.get("mode")):
-            config.mode = _TORCH_MODES[options["mode"]]
-        for path, value in (options.get("options") or {}).items():
-            config.set_path(path, value)
-        return original, RewriteBackend(config)
+        return original, RewriteBackend(torch_compile_config(options.get("mode"), options.get("options")))
     from .compat import npugraph_ex as npugraph_ex_entry
 
     if fn is npugraph_ex_entry or getattr(fn, "__name__", "") == "npugraph_ex" \
             and getattr(fn, "__module__", "").startswith("rewrite."):
-        from .compat.torchair import _npugraph_ex_config
+        from .compat.torchair import npugraph_ex_config
 
-        return original, RewriteBackend(_npugraph_ex_config(options.get("options")))
+        return original, RewriteBackend(npugraph_ex_config(options.get("options")))
     name = getattr(inner, "compiler_name", None) or getattr(fn, "__name__", None) or type(fn).__name__
     raise ConfigError(f"explain(): this model was compiled with backend {name!r}, not rewrite's, so there is no "
                       "rewrite config to explain it with; name one: rewrite.explain(model, *args, "

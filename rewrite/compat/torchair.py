@@ -146,7 +146,8 @@ def _apply_options(config: CompilerConfig, options: dict) -> CompilerConfig:
     return config
 
 
-def _npugraph_ex_config(options: dict | None) -> CompilerConfig:
+def npugraph_ex_config(options: dict | None) -> CompilerConfig:
+    """The config of ``torch.compile(backend="npugraph_ex", options=...)``: reduce-overhead with npugraph_ex's option names."""
     config = CompilerConfig()
     config.mode = "npugraph_ex"
     return _apply_options(config, options or {})
@@ -155,7 +156,7 @@ def _npugraph_ex_config(options: dict | None) -> CompilerConfig:
 def npugraph_ex(gm, example_inputs, options: dict | None = None):
     """``torch.compile(model, backend="npugraph_ex", options={...})``: reduce-overhead mode with
     npugraph_ex's option names (registered under that name when this module is imported)."""
-    return RewriteBackend(_npugraph_ex_config(options))(gm, example_inputs)
+    return RewriteBackend(npugraph_ex_config(options))(gm, example_inputs)
 
 
 try:
