@@ -102,13 +102,15 @@ def trace_conflicts(graph: Graph, gears: list[dict]) -> list[str | None]:
 
 def release_op_guards(graph: Graph, values: dict, env) -> bool:
     """Serve the gear ``values`` from this trace although it contradicts guards Dynamo recorded, when
-    every such guard arose inside an op (`_inside_an_op`), none is an equality the trace relied on,
-    and the gear's static graph passes shape
+    the trace was made at the largest gear (`set_dim_gears`' size hints), every such guard arose inside
+    an op (`_inside_an_op`), none is an equality the trace relied on, and the gear's static graph passes shape
     inference (each op's shape at the gear's sizes is the one the trace recorded). Then those guards
     are removed and the symbols' ranges widened to the gear, in Dynamo's environment (read when it
     builds its guards, after the backend returns) and in the graph's. False: nothing changed."""
     from ..shape import ShapeInferenceError, infer_graph
 
+    if any(sym not in env.var_to_hint_override for sym in values):
+        return False  # a trace at the call's own sizes (`retrace_at_own_sizes`) is that size's: nothing is released
     guards = [g for g in env.guards if _contradicts(env.replace(g.expr), values)]
     if not all(_inside_an_op(g) and not isinstance(g.expr, sympy.Eq) for g in guards):
         # A guard from the model's code may mean other code; an equality held while tracing (``Eq(1, s)``
