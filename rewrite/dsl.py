@@ -132,9 +132,7 @@ class Pattern:
     """Base class of pattern trees: `Var`, `Lit`, `OpPattern`."""
 
     def variables(self) -> list[str]:
-        out: list[str] = []
-        _collect_vars(self, out)
-        return out
+        return list(dict.fromkeys(v.name for v in _walk_vars(self)))  # first occurrence first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,18 +244,18 @@ def _as_pattern_arg(a):
                     "pattern, or a literal (int, float, bool, None, str, dtype, device, list)")
 
 
-def _collect_vars(p, out: list[str]) -> None:
+def _walk_vars(p):
+    """Every `Var` in pattern ``p``, in order (repeats included)."""
     if isinstance(p, Var):
-        if p.name not in out:
-            out.append(p.name)
+        yield p
     elif isinstance(p, OpPattern):
         for a in list(p.args) + list(p.kwargs.values()):
-            _collect_vars(a, out)
+            yield from _walk_vars(a)
     elif isinstance(p, (list, tuple)):
         for a in p:
-            _collect_vars(a, out)
+            yield from _walk_vars(a)
     elif isinstance(p, Lit):
-        _collect_vars(p.value, out)
+        yield from _walk_vars(p.value)
 
 
 def var(name: str, dtype=None, rank: int | None = None) -> Var:
@@ -273,21 +271,13 @@ def variables(names: str, dtype=None, rank: int | None = None) -> tuple[Var, ...
 
 def _vars_of(p, out: dict) -> dict:
     """The `Var` objects in ``p`` by name, first occurrence first (typed ones win over plain ones)."""
-    if isinstance(p, Var):
-        seen = out.get(p.name)
+    for v in _walk_vars(p):
+        seen = out.get(v.name)
         if seen is None or (seen.dtypes is None and seen.rank is None):
-            out[p.name] = p
-        elif (p.dtypes is not None or p.rank is not None) and (p.dtypes, p.rank) != (seen.dtypes, seen.rank):
-            raise RuleError(f"variable {p.name} is declared twice with different types: dtypes {seen.dtypes} rank "
-                            f"{seen.rank}, and dtypes {p.dtypes} rank {p.rank}")
-    elif isinstance(p, OpPattern):
-        for a in list(p.args) + list(p.kwargs.values()):
-            _vars_of(a, out)
-    elif isinstance(p, (list, tuple)):
-        for a in p:
-            _vars_of(a, out)
-    elif isinstance(p, Lit):
-        _vars_of(p.value, out)
+            out[v.name] = v
+        elif (v.dtypes is not None or v.rank is not None) and (v.dtypes, v.rank) != (seen.dtypes, seen.rank):
+            raise RuleError(f"variable {v.name} is declared twice with different types: dtypes {seen.dtypes} rank "
+                            f"{seen.rank}, and dtypes {v.dtypes} rank {v.rank}")
     return out
 
 
