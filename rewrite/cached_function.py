@@ -380,7 +380,7 @@ class _InMemoryReader(LiveWeightReader):
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.loaded:
-            self.loaded[name] = collected_weight(self._writer, name)
+            self.loaded[name] = self.placed(collected_weight(self._writer, name), self.records[name])
         return self.loaded[name]
 
 

@@ -321,6 +321,21 @@ def test_argument_encoding_round_trips():
     back = decode_inline_tensor(json.loads(json.dumps(encode_inline_tensor(t))))
     assert back.dtype == torch.bfloat16 and torch.equal(back.isnan(), t.isnan())
     assert torch.equal(back.nan_to_num(), t.nan_to_num())
+    assert "device" not in encode_inline_tensor(t)  # a CPU tensor's record stays as before
+
+
+def test_inline_tensor_keeps_its_device():
+    # A CUDA graph's small constants (a bias, BERT's token-type embedding) were decoded on the CPU: the loaded
+    # graph then mixed devices ("mat1 is on cuda:0, different from other tensors on cpu", seen on an H100).
+    record = dict(encode_inline_tensor(torch.arange(4.0)), device="cpu")
+    assert decode_inline_tensor(record).device.type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ExportError, match="constant: device: device .cuda:0. is not available"):
+            decode_inline_tensor(dict(record, device="cuda:0"))
+    else:
+        t = torch.arange(4.0, device="cuda")
+        back = decode_inline_tensor(json.loads(json.dumps(encode_inline_tensor(t))))
+        assert back.device == t.device and torch.equal(back, t)
 
 
 # -- ONNX ---------------------------------------------------------------------------------------

@@ -255,9 +255,10 @@ def test_cuda_graph_per_gear_with_capture_limit(caplog):
     config.debug.aclgraph.static_capture_size_limit = 2
     compiled = torch.compile(model, backend=rewrite.get_backend(config), fullgraph=True)
     x = torch.randn(8, 16, device="cuda")
-    rewrite.inference.set_dim_gears(x, {0: [2, 4, 8]})
+    rewrite.inference.set_dim_gears(x, {0: [2, 4, 8]})  # gears come from the first call's inputs
     caplog.set_level(logging.INFO, logger="rewrite")
     with torch.no_grad():
+        torch.testing.assert_close(compiled(x)[0], model(x)[0])
         for rows in (8, 8, 8, 2, 2, 2, 4, 4, 4):
             y = torch.randn(rows, 16, device="cuda")
             out = compiled(y)[0]

@@ -54,7 +54,10 @@ def direct_call(fn, example_inputs):
     meta = torch._guards.TracingContext.try_get().fw_metadata
     dynamic = [(i, o.dynamic_dims) for i, o in enumerate(meta.output_info) if o.dynamic_dims]
     if dynamic:
-        from torch._functorch._aot_autograd.runtime_wrappers import mark_dynamo_propagated_dynamic_indices as mark
+        try:
+            from torch._functorch._aot_autograd.runtime_wrappers import mark_dynamo_propagated_dynamic_indices as mark
+        except ImportError:  # a torch older than the pinned one (2.11 has no such helper): AOT's wrapper marks them
+            return None
     set_grad = torch._C._set_grad_enabled
     is_grad = torch.is_grad_enabled
 

@@ -150,7 +150,7 @@ class PlannedProgram:
         if self.policy.tiers_up:
             return self._tiered(graph, fn, plannable)
         device = device_of(graph)
-        if device.type == "cuda":
+        if device.type == "cuda" and graph.is_static():
             return self._cuda_graphs(device).wrap(graph, fn)
         if not plannable or not graph.is_static():
             self._note(f"reduce-overhead: graph {graph.name} keeps its executor's own memory management "

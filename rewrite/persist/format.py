@@ -158,15 +158,20 @@ def decode_arg(d, nodes: dict[str, Node], where: str, subgraph_decoder=None):
 
 def encode_inline_tensor(t: torch.Tensor) -> dict:
     """A small tensor written into the graph file: dtype, shape and its raw little-endian bytes."""
+    device = t.device
     t = t.detach().to("cpu").contiguous()
     raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
+    record = {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data": base64.b64encode(raw).decode("ascii")}
+    if device.type != "cpu":  # a CUDA graph's small constants stay on its device (no field: the CPU)
+        record["device"] = str(device)
+    return record
 
 
 def decode_inline_tensor(d, where: str = "constant") -> torch.Tensor:
     """The tensor of `encode_inline_tensor` data; its byte count is checked before base64 is decoded."""
-    expect_object(d, where, required=("dtype", "shape", "data"))
+    expect_object(d, where, required=("dtype", "shape", "data"), optional=("device",))
     dtype = decode_dtype(d["dtype"], at(where, "dtype"))
+    device = decode_device(d.get("device", "cpu"), at(where, "device"))
     shape = expect_shape(d["shape"], at(where, "shape"))
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes > MAX_INLINE_BYTES:
@@ -179,8 +184,8 @@ def decode_inline_tensor(d, where: str = "constant") -> torch.Tensor:
     if len(raw) != nbytes:
         raise fail(at(where, "data"), f"holds {len(raw)} bytes, expected {nbytes} for {d['dtype']}{shape}")
     if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone()
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone().to(device)
 
 
 # -- metas and shape expressions ------------------------------------------------------------------------

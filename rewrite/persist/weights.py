@@ -172,11 +172,13 @@ class WeightReader:
         if tensor.dtype != decode_dtype(record["dtype"], "") or list(tensor.shape) != record["shape"]:
             raise ExportError(f"weight {name!r} in {path} is {tensor.dtype}{list(tensor.shape)}, the graph file "
                               f"records {record['dtype']}{record['shape']}")
+        self.loaded[name] = self.placed(tensor, record)
+        return self.loaded[name]
+
+    def placed(self, tensor: torch.Tensor, record: dict) -> torch.Tensor:
+        """``tensor`` (read from safetensors, on the CPU) on the device its record names."""
         device = self.device_override or record["device"]
-        if device != "cpu":
-            tensor = tensor.to(device)
-        self.loaded[name] = tensor
-        return tensor
+        return tensor if device == "cpu" else tensor.to(device)
 
     def decode_constant(self, data, where: str):
         """A constant node's value: ``{"weight": name}``, ``{"tensor": inline}`` or ``{"value": argument}``."""
@@ -205,7 +207,7 @@ class InMemoryWeightReader(WeightReader):
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.loaded:
-            self.loaded[name] = collected_weight(self._writer, name)
+            self.loaded[name] = self.placed(collected_weight(self._writer, name), self.records[name])
         return self.loaded[name]
 
 
