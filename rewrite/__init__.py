@@ -31,6 +31,7 @@ __all__ = [
     "ConfigError",
     "CompileError",
     "GearError",
+    "ExportError",
     "explain",
     "dynamo_export",
     "load",
@@ -43,6 +44,7 @@ __all__ = [
 _LAZY = {
     "get_backend": ("rewrite.backend", "get_backend"),
     "GearError": ("rewrite.gears.spec", "GearError"),
+    "ExportError": ("rewrite.persist.errors", "ExportError"),
     "inference": ("rewrite.inference", None),
     "scope": ("rewrite.scope", None),
     "testing": ("rewrite.testing", None),

@@ -1,13 +1,15 @@
 """Conversion between torch.fx graphs (what Dynamo / AOTAutograd hand us) and the rewrite IR."""
 from __future__ import annotations
 
+import re
+
 import sympy
 import torch
 import torch.fx
 
 from .ir import MIN_INT64, Graph, Node, SymbolInfo, SymMeta, TensorMeta, map_nodes
 
-__all__ = ["from_fx", "to_fx", "meta_from_val", "dynamo_input_names", "CompileError"]
+__all__ = ["from_fx", "to_fx", "meta_from_val", "dynamo_input_names", "argument_path", "CompileError"]
 
 
 class CompileError(RuntimeError):
@@ -47,6 +49,21 @@ def dynamo_input_names(gm: torch.fx.GraphModule) -> list[str]:
             name = name() if callable(name) else name
             names.append(name or n.name)
     return names
+
+
+def argument_path(source: str) -> str:
+    """A Dynamo source name as the caller spells the argument: ``L['x']`` -> ``x``, ``L['args'][0]`` ->
+    ``args[0]``, ``L['kwargs']['mask']`` -> ``mask``, ``L['inputs']['ids']`` -> ``inputs['ids']``;
+    any other name as it is."""
+    m = re.fullmatch(r"L\['([A-Za-z_][A-Za-z0-9_]*)'\](.*)", source)
+    if m is None:
+        return source
+    head, rest = m.groups()
+    if head == "kwargs":
+        k = re.fullmatch(r"\['([A-Za-z_][A-Za-z0-9_]*)'\](.*)", rest)
+        if k is not None:
+            return k.group(1) + k.group(2)
+    return head + rest
 
 
 def _shape_env(gm: torch.fx.GraphModule):

@@ -170,6 +170,77 @@ def test_torchair_logger_and_keywords():
         rewrite.get_backend(config=config, compiler_config=config)
 
 
+# ---- 4. gear traps -------------------------------------------------------------------------------
+
+class _Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 + 1
+
+
+def _compiled(model):
+    torch._dynamo.reset()
+    return torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()), fullgraph=True)
+
+
+def test_a_mark_on_a_tensor_the_first_call_does_not_pass_is_reported(caplog):
+    compiled = _compiled(_Double())
+    marked, passed = torch.randn(4, 3), torch.randn(4, 3)
+    rewrite.inference.set_dim_gears(marked, {0: [2, 4]})
+    with caplog.at_level("WARNING", logger="rewrite"):
+        torch.testing.assert_close(compiled(passed), passed * 2 + 1)
+    assert "set_dim_gears: a tensor of shape [4, 3] has gears {0: (2, 4)}" in caplog.text
+    assert "have no effect" in caplog.text
+
+
+def test_a_first_call_whose_size_is_no_gear_raises_gear_error_and_the_gears_stay():
+    from torch._dynamo.utils import counters
+
+    compiled = _compiled(_Double())
+    x = torch.randn(3, 3)
+    rewrite.inference.set_dim_gears(x, {0: [2, 4]})
+    counters.clear()
+    with pytest.raises(rewrite.GearError, match=r"input x dim 0 has size 3; allowed gears for it: \[2, 4\]"):
+        compiled(x)  # was BackendCompilerFailed, which `except GearError` missed
+    for rows in (2, 4):
+        y = torch.randn(rows, 3)
+        torch.testing.assert_close(compiled(y), y * 2 + 1)
+    with pytest.raises(rewrite.GearError, match="has size 5"):  # the gears stayed: not a silent retrace
+        compiled(torch.randn(5, 3))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_loaded_exports_errors_name_the_callers_argument_and_dim(tmp_path):
+    x = torch.randn(4, 3)
+    rewrite.inference.set_dim_gears(x, {0: [2, 4]})
+    rewrite.dynamo_export(x, model=_Double(), export_path=str(tmp_path / "geared"), dynamic=True)
+    runner = rewrite.load(str(tmp_path / "geared"))
+    with pytest.raises(rewrite.GearError) as raised:
+        runner(torch.randn(3, 3))
+    assert "input x dim 0 has size 3" in str(raised.value) and "L[" not in str(raised.value)
+    rewrite.dynamo_export(torch.randn(4, 3), model=_Double(), export_path=str(tmp_path / "plain"), dynamic=True)
+    plain = rewrite.load(str(tmp_path / "plain"))
+    with pytest.raises(rewrite.ExportError) as raised:
+        plain(torch.randn(0, 3))
+    assert str(raised.value).startswith("input x dim 0 is 0, outside the range the graph was exported for")
+
+
+def test_load_of_the_json_file_says_how_to_call_it(tmp_path):
+    rewrite.dynamo_export(torch.randn(4, 3), model=_Double(), export_path=str(tmp_path / "out"))
+    with pytest.raises(rewrite.ExportError, match=re.escape("rewrite.load(") + ".*export_name='export'"):
+        rewrite.load(str(tmp_path / "out" / "export.json"))
+
+
+def test_a_numpy_input_is_named_by_kind_not_printed_whole(tmp_path):
+    import numpy as np
+
+    rewrite.dynamo_export(torch.randn(4, 3), model=_Double(), export_path=str(tmp_path / "out"))
+    runner = rewrite.load(str(tmp_path / "out"))
+    with pytest.raises(rewrite.ExportError) as raised:
+        runner(np.arange(3000.0).reshape(1000, 3))
+    message = str(raised.value)
+    assert "numpy.ndarray float64[1000, 3]" in message and "torch.from_numpy" in message and len(message) < 300
+
+
 # ---- 6. rule authoring --------------------------------------------------------------------------
 
 def test_an_op_written_without_overload_gets_the_one_traced_graphs_use():

@@ -200,7 +200,7 @@ def test_shape_outside_the_gears_names_input_dim_value_and_gears():
     set_dim_gears(y, {0: [2, 4]})
     with torch.no_grad():
         fn(x, y)
-        with pytest.raises(GearError, match=r"input L\['x'\] dim 0 has size 3; allowed gears for it: \[2, 4\]"):
+        with pytest.raises(GearError, match=r"input x dim 0 has size 3; allowed gears for it: \[2, 4\]"):
             fn(*_pair(3))
 
 
@@ -239,7 +239,7 @@ def test_product_of_independent_dims_compiles_every_combination():
             out, ref = fn(xx, yy), model(xx, yy)
             torch.testing.assert_close(out[0], ref[0])
             assert out[1] == ref[1]
-        with pytest.raises(GearError, match=r"input L\['y'\] dim 0 has size 5; allowed gears for it: \[3, 6\]"):
+        with pytest.raises(GearError, match=r"input y dim 0 has size 5; allowed gears for it: \[3, 6\]"):
             fn(torch.randn(2, 5), torch.randn(5))
     assert unique_graphs() == 1
     assert len(backend.report.graphs[0].gears) == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import zipfile
 
+import logging
 import pytest
 import torch
 
@@ -287,6 +289,24 @@ def test_a_damaged_artifact_is_rebuilt_never_loaded(home, caplog, monkeypatch):
     assert _applied(backend, "static kernels built") == _applied(backend, "static kernels") > 0
     assert "does not match its hash" in caplog.text and "built anew" in caplog.text
     assert len(_artifacts(home)) == 2
+
+
+def test_many_unusable_artifacts_in_one_folder_are_one_warning(home, caplog, monkeypatch):
+    # The demo's build folder held artifacts of an older run: one WARNING line each drowned the demo's output.
+    _compile(home, gears=(1,))
+    (path,) = _artifacts(home)
+    folder = os.path.dirname(path)
+    for k in range(3):
+        with open(os.path.join(folder, f"static_kernel_20260101_000000_00000{k}_{k}.run"), "wb") as f:
+            f.write(b"not a zip archive")
+    monkeypatch.setattr(kernels_module, "_loaded", kernels_module._Loaded())  # as a new process
+    torch._dynamo.reset()
+    with caplog.at_level(logging.DEBUG, logger="rewrite"):
+        _compile(home, gears=(1,))
+    unusable = [r for r in caplog.records if "built anew" in r.getMessage()]
+    assert len(unusable) == 3
+    assert [r.levelno for r in unusable].count(logging.WARNING) == 1
+    assert "other unusable artifacts in" in next(r.getMessage() for r in unusable if r.levelno == logging.WARNING)
 
 
 def test_embedding_index_out_of_range_raises_like_eager(home):

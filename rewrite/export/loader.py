@@ -115,7 +115,10 @@ class ExportedModel:
             check_output_spec(program["outputs"], at(where, "outputs"),
                               len(outs) if isinstance(outs, (tuple, list)) else 1, len(leaf_types))
             gears = program.get("gears")
-            self._gears = decode_gears(gears, self.graph, at(where, "gears")) if gears is not None else None
+            # Gear errors name each input as the caller passes it (``input_ids``), not by Dynamo's source name.
+            caller_names = {b["placeholder"]: leaf_name(program, b["leaf"]) for b in program["bindings"] if "leaf" in b}
+            self._gears = decode_gears(gears, self.graph, at(where, "gears"), caller_names) if gears is not None \
+                else None
         if group_names:
             _rename_process_groups(self.graph, group_names)
         self._binder = InputBinder(program["inputs"])
@@ -191,9 +194,21 @@ class ExportedModel:
             if sym in values:
                 v = values[sym]
                 if v < info.lower or (info.upper is not None and v > info.upper):
-                    raise ExportError(f"size {name} = {v} is outside the range the graph was exported for "
-                                      f"[{info.lower}, {info.upper if info.upper is not None else 'inf'}]")
+                    raise ExportError(f"{self._size_name(sym, leaves)} is {v}, outside the range the graph was "
+                                      f"exported for [{info.lower}, {info.upper if info.upper is not None else 'inf'}]"
+                                      f" (size {name})")
         return {str(s): v for s, v in values.items()}
+
+    def _size_name(self, sym, leaves) -> str:
+        """Where the user gives size ``sym``: ``input x dim 0``, or the size argument itself."""
+        for leaf, _, meta in self._checks:
+            if isinstance(meta, TensorMeta):
+                dim = next((d for d, s in enumerate(meta.shape) if s == sym), None)
+                if dim is not None:
+                    return f"input {leaf_name(self.program, leaf)} dim {dim}"
+            elif isinstance(meta, SymMeta) and meta.expr == sym:
+                return f"input {leaf_name(self.program, leaf)}"
+        return f"size {sym}"
 
     def _check_dim(self, want, got, leaf, d, values, deferred):
         want = sympy.sympify(want)
@@ -245,8 +260,10 @@ def _check_bindings(bindings, graph: Graph, leaf_types: list[str], where: str) -
                                                    "input of the call (graph.symbols says where each one is read)")
 
 
-def decode_gears(data, graph: Graph, where: str = "gears"):
-    """The `GearSpec` of a graph file's ``gears`` record, checked with the rules of `set_dim_gears`."""
+def decode_gears(data, graph: Graph, where: str = "gears", caller_names: dict | None = None):
+    """The `GearSpec` of a graph file's ``gears`` record, checked with the rules of `set_dim_gears`.
+
+    ``caller_names`` ({placeholder: argument path}): what each input is called in messages."""
     from ..gears import GearSpec
     from ..gears.spec import MAX_GEARS, merge_gears
 
@@ -254,7 +271,7 @@ def decode_gears(data, graph: Graph, where: str = "gears"):
     policy = data["policy"]
     if policy not in ("zip", "product"):
         raise fail(at(where, "policy"), f"expected 'zip' or 'product', got {describe(policy)}")
-    inputs = _gear_inputs(data["inputs"], graph, at(where, "inputs"))
+    inputs = _gear_inputs(data["inputs"], graph, at(where, "inputs"), caller_names or {})
     gears = [_gear(gear, inputs, at(at(where, "gears"), i))
              for i, gear in enumerate(expect_list(data["gears"], at(where, "gears"), max_len=MAX_GEARS))]
     try:
@@ -269,7 +286,7 @@ def decode_gears(data, graph: Graph, where: str = "gears"):
     return GearSpec(tuple(inputs.values()), tuple(gears), policy)
 
 
-def _gear_inputs(entries, graph: Graph, where: str) -> dict:
+def _gear_inputs(entries, graph: Graph, where: str, caller_names: dict) -> dict:
     """placeholder name -> `InputGears`: dims with a size symbol, 1..MAX_GEARS positive sizes each."""
     from ..gears.spec import MAX_GEARS, InputGears
 
@@ -293,7 +310,8 @@ def _gear_inputs(entries, graph: Graph, where: str) -> dict:
             if not values:
                 raise fail(at(at(inner, "dims"), key), "gears of a dim must be a non-empty list of positive ints")
             dims[dim] = tuple(expect_int(v, at(at(at(inner, "dims"), key), j), 1) for j, v in enumerate(values))
-        inputs[name] = InputGears(index[name], expect_str(entry["name"], at(inner, "name"), max_len=1024), dims,
+        recorded = expect_str(entry["name"], at(inner, "name"), max_len=1024)
+        inputs[name] = InputGears(index[name], caller_names.get(name, recorded), dims,
                                   tuple(expect_shape(entry["shape"], at(inner, "shape"))))
     return inputs
 
@@ -364,6 +382,11 @@ def load(export_path: str = "export_file", export_name: str = "export", *, confi
     export_path = os.fspath(export_path)
     expect_file_name(export_name, "export_name")
     if not os.path.isdir(export_path):
+        if os.path.isfile(export_path):  # load("export_file/export.json"): the folder and the name are separate
+            folder, file = os.path.split(export_path)
+            stem = file[:-len(".json")] if file.endswith(".json") else file
+            raise ExportError(f"{export_path} is a file; rewrite.load takes the export folder and the export name: "
+                              f"rewrite.load({folder or '.'!r}, export_name={stem!r})")
         raise ExportError(f"export folder {export_path} does not exist")
     t0 = time.perf_counter()
     try:

@@ -168,7 +168,8 @@ class InputBinder:
                 self._walk(s, value[key], _child(where, key), leaves)
         elif "const" in struct:
             if value != struct["const"]:
-                raise ExportError(f"input {where}: the model was exported with {struct['const']!r}, got {value!r}")
+                raise ExportError(f"input {where}: the model was exported with {struct['const']!r}, got "
+                                  f"{_describe(value)}")
         else:
             kind = struct["type"]
             ok = isinstance(value, torch.Tensor) if kind == "tensor" else (
@@ -203,7 +204,11 @@ def _describe(value) -> str:
         return f"a {type(value).__name__} of {len(value)}"
     if isinstance(value, dict):
         return f"a dict with keys {sorted(value)}"
-    return f"{type(value).__name__} {value!r}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # a numpy array: its kind, not its every element
+        return f"{type(value).__module__.split('.')[0]}.{type(value).__name__} {value.dtype}{list(value.shape)}" \
+               " (convert it with torch.from_numpy)"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def scalar_value(struct_leaf: dict):

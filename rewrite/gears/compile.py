@@ -15,10 +15,11 @@ import time
 import sympy
 import torch
 
+from ..fx_bridge import argument_path
 from ..ir import Graph, TensorMeta
 from ..report import GraphReport
 from ..unit import CompileUnit
-from .dispatch import GearDispatcher, GearSymbol, not_a_gear
+from .dispatch import GearDispatcher, GearSymbol
 from .spec import GearError, GearSpec, retrace_at_own_sizes
 
 log = logging.getLogger("rewrite")
@@ -50,7 +51,7 @@ def bind_gears(graph: Graph, spec: GearSpec) -> tuple[list[GearSymbol], list[tup
             if size not in by_symbol:
                 info = graph.symbols.get(size)
                 scalar = info.scalar_input_index if info is not None else None
-                by_symbol[size] = GearSymbol(size, inp.index, dim, f"input {inp.name} dim {dim}", scalar)
+                by_symbol[size] = GearSymbol(size, inp.index, dim, f"input {argument_path(inp.name)} dim {dim}", scalar)
     symbols = sorted(by_symbol.values(), key=lambda s: (s.input_index, s.dim))
     position = {s.symbol: k for k, s in enumerate(symbols)}
     gears, seen = [], set()
@@ -237,11 +238,9 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
 
     fallback = unit.config.inference_config.gear_fallback
     symbols, gears = bind_gears(graph, gear_spec)
-    if gear_spec.example is not None and fallback == "error":
-        example = tuple(gear_spec.example[(s.input_index, s.dim)] for s in symbols)
-        if example not in gears:
-            # The call being compiled could never run: say so now, before compiling every gear.
-            raise not_a_gear(symbols, gears, example, fallback)
+    # A first call whose own sizes are no gear is refused by the dispatcher when it runs, not here:
+    # raised while compiling, Dynamo would wrap it (BackendCompilerFailed, which `except GearError`
+    # misses) and the next call would trace again without the gears, since they live on this call's tensors.
     sym_of = {s.symbol: s for s in symbols}
     free = {s for s in graph.free_symbols() if s not in sym_of}
     for s in sorted(free, key=str):

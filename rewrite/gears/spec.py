@@ -121,11 +121,30 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
         torch._dynamo.mark_dynamic(tensor, d, hint_override=max(values))
     with _hinted_lock:
         _hinted[id(tensor)] = tensor
+        _unread[id(tensor)] = tensor
 
 
 # Tensors whose geared dims carry the largest gear as Dynamo's size hint (set_dim_gears's docstring).
 _hinted: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 _hinted_lock = threading.Lock()
+# Marked tensors no compile has read yet: a mark on a tensor the first call does not pass is a mistake
+# that would otherwise go unseen (the gears live on the tensor, so another tensor has none).
+_unread: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def _note_marks_read(example_inputs) -> None:
+    """Forget the marks this compile read; warn once about marks still unread when it read none."""
+    with _hinted_lock:
+        read = [id(x) for x in example_inputs if isinstance(x, torch.Tensor) and id(x) in _unread]
+        for key in read:
+            _unread.pop(key, None)
+        stray = [] if read else list(_unread.values())
+        for t in stray:
+            _unread.pop(id(t), None)
+    for t in stray:
+        log.warning("set_dim_gears: a tensor of shape %s has gears %s, but the graph being compiled does not take "
+                    "it as an input, so they have no effect; gears are read from the first call's own input tensors "
+                    "(mark the tensor you pass to that call)", list(t.shape), get_dim_gears(t))
 
 
 def retrace_at_own_sizes() -> bool:
@@ -274,6 +293,7 @@ def _distinct(gears) -> list[dict]:
 
 def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
     """The gears recorded on the example inputs by `set_dim_gears`, merged; None when there are none."""
+    _note_marks_read(example_inputs)
     names = dynamo_input_names(gm) if gm is not None else []
     names += [f"input {i}" for i in range(len(names), len(example_inputs))]
     inputs = [InputGears(i, names[i], get_dim_gears(x), tuple(x.shape))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 
 import torch
@@ -81,6 +82,14 @@ class _Loaded:
         self.runner = None
         self.libraries: list = []  # loaded libraries stay loaded
         self.seen: dict[tuple, object] = {}  # (path, mtime, size) -> Artifact or the error it raised
+        self.warned_folders: set[str] = set()  # one warning per folder of unusable artifacts, the rest at DEBUG
+
+    def first_warning_for(self, folder: str) -> bool:
+        with _warned_lock:
+            if folder in self.warned_folders:
+                return False
+            self.warned_folders.add(folder)
+            return True
 
     def add(self, art: artifact.Artifact, keys) -> int:
         lib = compiler.Library(art.library)
@@ -95,6 +104,7 @@ class _Loaded:
         return n
 
 
+_warned_lock = threading.Lock()
 _loaded = _Loaded()  # process-wide: kernels loaded by one compiled function serve all
 
 
@@ -271,7 +281,12 @@ class StaticKernels:
                 log.debug("%s", e)
                 art = e
             except (artifact.ArtifactError, OSError) as e:
-                log.warning("%s; its kernels are built anew", e)
+                folder = os.path.dirname(path)
+                if _loaded.first_warning_for(folder):
+                    log.warning("%s; its kernels are built anew (other unusable artifacts in %s: at DEBUG level)",
+                                e, folder)
+                else:
+                    log.debug("%s; its kernels are built anew", e)
                 art = e
             _loaded.seen[stamp] = art
         if isinstance(art, Exception):
