@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import threading
 
 import pytest
@@ -533,6 +534,66 @@ def test_auto_streams_forced_split_of_a_real_model_matches_eager(monkeypatch):
         for _ in range(20):
             torch.testing.assert_close(compiled(ids).last_hidden_state, want, rtol=1e-4, atol=1e-4)
     assert _applied(backend)["streams"] >= 2 and _applied(backend)["stream_syncs"] >= 4
+
+
+class _TwoChains(torch.nn.Module):
+    """Two independent chains of matmul+tanh, the second in a stream scope (issue 28's CPU case)."""
+
+    def __init__(self, n: int = 32, depth: int = 3):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(n, n, generator=g) / n ** 0.5)
+                                        for _ in range(2 * depth))
+        self.depth = depth
+
+    def forward(self, a, b):
+        for i in range(self.depth):
+            a = torch.tanh(a @ self.w[i])
+        with scope.stream_switch("1"):
+            for i in range(self.depth):
+                b = torch.tanh(b @ self.w[self.depth + i])
+        return a, b
+
+
+def test_cpu_scopes_under_tier_up_keep_the_faster_form_and_eagers_results():
+    from rewrite.exec.stream_choice import TRIALS
+
+    model = _TwoChains().eval()
+    compiled, backend = _compile(model)
+    calls = rewrite.CompilerConfig().exec.tier_up_calls + 2 * TRIALS + 3
+    with torch.no_grad():
+        for k in range(calls):
+            a, b = torch.randn(32, 32), torch.randn(32, 32)
+            for got, want in zip(compiled(a, b), model(a, b)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    notes = [n for g in backend.report.graphs for n in g.notes]
+    assert any("tiered up" in n for n in notes), notes
+    (choice,) = [n for n in notes if "stream scopes on CPU" in n]
+    assert re.search(r"worker threads [0-9.]+ ms, one stream tiered up [0-9.]+ ms per call .*; kept "
+                     r"(worker threads|one stream \(tiered up\))$", choice), choice
+
+
+def test_stream_choice_keeps_the_form_with_the_lower_median():
+    import time
+
+    from rewrite.exec.stream_choice import TRIALS, StreamChoice
+
+    class TieredGear:
+        run = True  # tiered up already
+
+        def __call__(self):
+            return "one stream"
+
+    def slow_threads():
+        time.sleep(0.003)
+        return "threads"
+
+    notes = []
+    choice = StreamChoice("g", slow_threads, TieredGear(), notes.append)
+    results = {choice() for _ in range(2 * TRIALS)}
+    assert results == {"threads", "one stream"}  # both forms ran while measuring
+    assert [choice() for _ in range(3)] == ["one stream"] * 3
+    assert notes and notes[0].endswith("kept one stream (tiered up)")
 
 
 def test_inductor_kernels_keep_working_with_scopes():

@@ -136,7 +136,16 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
         _record_syncs(plan, fn.__rewrite_source__)
         log.info("graph %s: %d streams, %d synchronisations\n%s", graph.name, len(plan.streams),
                  plan.num_syncs, plan.describe())
-        return fn if program is None else program.executable(graph, fn, plannable=False)
+        if program is None:
+            return fn
+        if device.type == "cpu" and policy.tiers_up and not waits:
+            # Worker threads against the same graph on one stream, tiered up: the faster is kept (measured).
+            one_stream = program.executable(graph, compile_graph_to_python(graph), plannable=True)
+            if program.is_tiering_gear(one_stream):
+                from .stream_choice import StreamChoice
+
+                return StreamChoice(graph.name, fn, one_stream, program.note)
+        return program.executable(graph, fn, plannable=False)
     if policy.inductor_kernels_on(device_of(graph).type):
         from .inductor import compile_with_inductor
 

@@ -153,12 +153,12 @@ class PlannedProgram:
         if device.type == "cuda" and graph.is_static():
             return self._cuda_graphs(device).wrap(graph, fn)
         if not plannable or not graph.is_static():
-            self._note(f"reduce-overhead: graph {graph.name} keeps its executor's own memory management "
+            self.note(f"reduce-overhead: graph {graph.name} keeps its executor's own memory management "
                        "(multi-stream, Inductor or dynamic shapes)")
             return fn
         why = unplannable(graph)
         if why is not None:
-            self._note(f"reduce-overhead: graph {graph.name} runs unplanned: {why}")
+            self.note(f"reduce-overhead: graph {graph.name} runs unplanned: {why}")
             return fn
         gear = _Gear(self, graph, fn)
         try:
@@ -193,16 +193,16 @@ class PlannedProgram:
         try:
             gear._plan_on(args)
             self.materialize([gear])
-            self._note(f"graph {gear.graph.name} tiered up after {self.policy.tier_up_calls} calls: planned memory, "
+            self.note(f"graph {gear.graph.name} tiered up after {self.policy.tier_up_calls} calls: planned memory, "
                        f"{sum(p.kind == 'native' for p in gear.plan.nodes.values())} ops on static kernels")
         except LockBusy as e:
             gear.cold_calls = max(self.policy.tier_up_calls, 1)
             if not gear.put_off:  # one note per gear, not one per try
-                self._note(f"graph {gear.graph.name} keeps its ATen code for now: {e}; it tries again after "
+                self.note(f"graph {gear.graph.name} keeps its ATen code for now: {e}; it tries again after "
                            f"{gear.cold_calls} calls")
             gear.put_off += 1
         except Exception as e:  # noqa: BLE001 - the plain code is always correct; say why it stays
-            self._note(f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})")
+            self.note(f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})")
             gear.run = gear.fallback
 
     def _cuda_graphs(self, device: torch.device):
@@ -222,7 +222,7 @@ class PlannedProgram:
                 if not self.policy.kernels_optional:
                     raise
                 self.static_kernels = False  # plan memory only
-                self._note(f"tier-up without static kernels: {e}")
+                self.note(f"tier-up without static kernels: {e}")
                 if isinstance(e, UntrustedBuildDir):  # never used silently: someone else may write there
                     log.warning("rewrite: tier-up without static kernels (memory plan only): %s", e)
         return self.kernels
@@ -235,7 +235,7 @@ class PlannedProgram:
         gear.plan = make_plan(graph, obs, "cpu", native=kernels.decide if kernels is not None else None)
         if kernels is not None and self.policy.records_signatures:
             kernels.record(graph, obs, gear.plan)
-        self._note(describe(gear.plan))
+        self.note(describe(gear.plan))
 
     def finalize(self) -> None:
         """Build the static kernels of every planned gear at once and make their executables."""
@@ -249,7 +249,12 @@ class PlannedProgram:
         for gear in gears:
             gear.run = PlannedExecutable(gear.graph, gear.plan, self.pool, self.kernels, gear.fallback)
 
-    def _note(self, msg: str) -> None:
+    def is_tiering_gear(self, fn) -> bool:
+        """Whether ``fn`` (from `executable`) is a gear that tiers up after its cold calls."""
+        return isinstance(fn, _Gear) and self.policy.tiers_up
+
+    def note(self, msg: str) -> None:
+        """Log ``msg`` and add it to the compiled function's report."""
         log.info("%s", msg)
         if self.unit.report is not None:
             self.unit.report.notes.append(msg)
