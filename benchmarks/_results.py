@@ -54,8 +54,83 @@ def machine_line() -> str:
             f"threads {torch.get_num_threads()}, python {platform.python_version()}")
 
 
-def record_section(name: str, body: str) -> None:
-    """Replace (or append) the section ``name`` of RESULTS.md with ``body``."""
+# -- a quiet machine ------------------------------------------------------------------------------------------
+# On 2 cores another busy process makes OpenMP threads oversubscribe and times swing 10x within one run: a
+# figure measured under load says nothing. The load average cannot tell (the benchmark itself loads the
+# machine), so the CPU time of every process outside this benchmark's process tree is counted instead.
+
+BUSY_CORES = 0.15  # other processes may use at most this share of one core, averaged over the run
+
+
+def _process_times() -> dict[int, tuple[int, float]]:
+    """{pid: (parent pid, CPU seconds)} of every process this user can see (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _others_cpu_seconds() -> float:
+    """CPU seconds used so far by processes outside this process's tree (its children are its own work)."""
+    times = _process_times()
+    ours = {os.getpid()}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in times.items():
+            if ppid in ours and pid not in ours:
+                ours.add(pid)
+                grew = True
+    return sum(cpu for pid, (_, cpu) in times.items() if pid not in ours)
+
+
+class MachineWatch:
+    """How busy the rest of the machine was since this benchmark started (started when this module loads)."""
+
+    def __init__(self):
+        self.load_before = os.getloadavg()
+        self.t0 = time.monotonic()
+        self.others0 = _others_cpu_seconds() if os.path.isdir("/proc") else None
+
+    def others_cores(self) -> float | None:
+        """Average cores used by other processes since the start (None where /proc is missing)."""
+        if self.others0 is None:
+            return None
+        return (_others_cpu_seconds() - self.others0) / max(time.monotonic() - self.t0, 1e-9)
+
+    def line(self) -> str:
+        cores = self.others_cores()
+        other = "unknown" if cores is None else f"{cores:.2f} cores"
+        return ("load average {:.2f} {:.2f} {:.2f} before, ".format(*self.load_before)
+                + "{:.2f} {:.2f} {:.2f} after; other processes used {} during the run".format(*os.getloadavg(), other))
+
+    def busy(self) -> bool:
+        cores = self.others_cores()
+        return cores is not None and cores > BUSY_CORES
+
+
+WATCH = MachineWatch()
+
+
+def record_section(name: str, body: str, force: bool = False) -> bool:
+    """Replace (or append) the section ``name`` of RESULTS.md with ``body`` and the machine's load line.
+
+    Refused (a warning, False) when other processes were busy during the run (`MachineWatch`), unless
+    ``force`` (or REWRITE_BENCH_FORCE=1): such figures must not be recorded as measurements."""
+    load = WATCH.line()
+    if WATCH.busy() and not (force or os.environ.get("REWRITE_BENCH_FORCE") == "1"):
+        print(f"WARNING: not recording section {name!r} of RESULTS.md: the machine was busy ({load}); "
+              f"rerun on a quiet machine (REWRITE_BENCH_FORCE=1 records anyway)", file=sys.stderr)
+        return False
+    body = body.rstrip() + f"\n\nMachine during this run: {load}.\n"
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
     text = open(RESULTS).read() if os.path.exists(RESULTS) else "# Benchmark results\n\nLatest measured figures; each section is written by the script it names.\n"
     block = f"{begin}\n{body.strip()}\n{end}"
@@ -66,6 +141,7 @@ def record_section(name: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     atomic_write_text(RESULTS, text)
+    return True
 
 
 def save_plot(fig, filename: str) -> str:
