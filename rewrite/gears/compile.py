@@ -174,12 +174,16 @@ def _shape_env():
 
 
 def _shape_facts(env) -> list:
-    """Guards and runtime asserts Dynamo recorded on the size symbols while tracing this graph."""
+    """Guards and runtime asserts Dynamo recorded on the size symbols while tracing this graph, each as
+    (expression, where the user's code raised it or None)."""
     if env is None:
         return []
-    facts = [env.replace(g.expr) for g in env.guards]  # in the graph's symbols (Dynamo's replacements applied)
+    from .graphs import guard_origin
+
+    # in the graph's symbols (Dynamo's replacements applied), with the user's line that raised each guard
+    facts = [(env.replace(g.expr), guard_origin(g)) for g in env.guards]
     for asserts in env.deferred_runtime_asserts.values():
-        facts.extend(env.replace(a.expr) for a in asserts)
+        facts.extend((env.replace(a.expr), None) for a in asserts)
     return facts
 
 
@@ -188,9 +192,9 @@ def _violated(values: dict, facts: list, symbols: dict) -> str | None:
         info = symbols.get(sym)
         if info is not None and (v < info.lower or (info.upper is not None and v > info.upper)):
             return f"{sym} = {v} is outside the traced range [{info.lower}, {info.upper if info.upper is not None else 'oo'}]"
-    for fact in facts:
+    for fact, origin in facts:
         if _contradicts(fact, values):
-            return f"the trace assumed {fact}"
+            return f"the trace assumed {fact}" + (f" (from {origin})" if origin else "")
     return None
 
 
