@@ -21,30 +21,65 @@ import torch
 
 from ..report import CompileReport, GearGraphs, Retrace
 
-__all__ = ["GearFunctions", "dynamo_code", "recompile_reasons", "parse_reason", "guard_origin", "gear_values"]
+__all__ = ["GearFunctions", "Frame", "dynamo_code", "recompile_reasons", "parse_reason", "guard_origin", "gear_values"]
 
 UNKNOWN = "reason unknown"
 
 
-def dynamo_code() -> tuple[types.CodeType, str] | None:
-    """(the code object of the user's function Dynamo is compiling, its compile id), or None outside a
-    Dynamo compile.
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """The user's function Dynamo is compiling, as `GearFunctions` keys and names it."""
+
+    code: types.CodeType  # the frame's code: Dynamo's recompile reasons are recorded per code object
+    key: object  # what one compiled function is: the code, with the wrapped module when the code is torch's wrapper
+    name: str  # ``forward``, or ``Sequential.forward`` for a module Dynamo entered through its wrapper
+    where: str  # file name and first line
+    compile_id: str  # Dynamo's ``frame/attempt``, the prefix of its recompile reasons
+
+
+def dynamo_code() -> Frame | None:
+    """The user's function Dynamo is compiling, or None outside a Dynamo compile.
 
     Written for torch 2.13: no public API names the frame a backend is called for. Dynamo's
     ``InstructionTranslator.current_tx()`` (a thread-local set while it translates a frame, since torch
-    2.1) holds it as ``f_code``; the compile id (``frame/attempt``, the prefix of Dynamo's recompile
-    reasons) is ``torch._guards.CompileContext.current_compile_id()``.
+    2.1) holds its ``f_code`` and ``f_locals``; the compile id (``frame/attempt``) is
+    ``torch._guards.CompileContext.current_compile_id()``. ``torch.compile`` of a module whose
+    ``forward`` Dynamo may not enter directly (a torch.nn container such as ``Sequential``) compiles
+    ``torch._dynamo.external_utils.wrap_inline``'s ``inner`` (one code object for every such module):
+    the module in its ``fn`` names and tells them apart.
     """
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
-        code = InstructionTranslator.current_tx().f_code
+        tx = InstructionTranslator.current_tx()
+        code = tx.f_code
         compile_id = torch._guards.CompileContext.current_compile_id()
     except Exception:  # noqa: BLE001 - not inside Dynamo, or a torch that moved these: no report, same compile
         return None
     if not isinstance(code, types.CodeType):
         return None
-    return code, str(compile_id) if compile_id is not None else ""
+    key, name = code, code.co_name
+    where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+    if code.co_name == "inner" and code.co_filename.replace("\\", "/").endswith("torch/_dynamo/external_utils.py"):
+        try:
+            wrapped = tx.f_locals["fn"]
+        except Exception:  # noqa: BLE001 - the wrapper's name it is
+            wrapped = None
+        if wrapped is not None:
+            key = (code, id(wrapped))
+            if isinstance(wrapped, torch.nn.Module):
+                name, where = f"{type(wrapped).__name__}.forward", _def_site(type(wrapped).forward, where)
+            else:
+                name = getattr(wrapped, "__qualname__", name)
+                where = _def_site(wrapped, where)
+    return Frame(code, key, name, where, str(compile_id) if compile_id is not None else "")
+
+
+def _def_site(fn, default: str) -> str:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return default
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
 
 
 def recompile_reasons(code: types.CodeType) -> list[str]:
@@ -137,18 +172,16 @@ class GearFunctions:
         holds the backend's lock."""
         if frame is None:
             return None
-        code, compile_id = frame
-        fn = self._functions.get(code)
+        fn = self._functions.get(frame.key)
         if fn is None:
             if gear_spec is None:
                 return None
-            report = GearGraphs(code.co_name, f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}",
-                                gear_values(gear_spec))
-            self._functions[code] = _Function(report, compile_id, len(recompile_reasons(code)))
+            report = GearGraphs(frame.name, frame.where, gear_values(gear_spec))
+            self._functions[frame.key] = _Function(report, frame.compile_id, len(recompile_reasons(frame.code)))
             self.report.gear_graphs.append(report)
             return None
         fn.report.graphs += 1
-        reasons = recompile_reasons(code)
+        reasons = recompile_reasons(frame.code)
         new, fn.seen = reasons[fn.seen:], len(reasons)
         fn.report.retraces.append(self._why(new, fn.first_id, fn.report.graphs))
         return fn.report
