@@ -13,6 +13,7 @@ to "unknown" (None, []) rather than fail, so a torch that moved them loses the r
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import re
 import types
@@ -31,8 +32,8 @@ class Frame:
     """The user's function Dynamo is compiling, as `GearFunctions` keys and names it."""
 
     code: types.CodeType  # the frame's code: Dynamo's recompile reasons are recorded per code object
-    key: object  # what one compiled function is: the code, with the wrapped module when the code is torch's wrapper
-    name: str  # ``forward``, or ``Sequential.forward`` for a module Dynamo entered through its wrapper
+    key: object  # what one compiled function is: the code, with what it wraps when it is a wrapper
+    name: str  # ``forward``; ``Sequential.forward``, ``BertModel.forward`` when Dynamo entered through a wrapper
     where: str  # file name and first line
     compile_id: str  # Dynamo's ``frame/attempt``, the prefix of its recompile reasons
 
@@ -43,10 +44,8 @@ def dynamo_code() -> Frame | None:
     Written for torch 2.13: no public API names the frame a backend is called for. Dynamo's
     ``InstructionTranslator.current_tx()`` (a thread-local set while it translates a frame, since torch
     2.1) holds its ``f_code`` and ``f_locals``; the compile id (``frame/attempt``) is
-    ``torch._guards.CompileContext.current_compile_id()``. ``torch.compile`` of a module whose
-    ``forward`` Dynamo may not enter directly (a torch.nn container such as ``Sequential``) compiles
-    ``torch._dynamo.external_utils.wrap_inline``'s ``inner`` (one code object for every such module):
-    the module in its ``fn`` names and tells them apart.
+    ``torch._guards.CompileContext.current_compile_id()``. A frame that wraps a module or its method
+    (`_wrapped_method`) is named, and told apart from the same wrapper's other frames, by what it wraps.
     """
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
@@ -60,19 +59,30 @@ def dynamo_code() -> Frame | None:
         return None
     key, name = code, code.co_name
     where = f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
-    if code.co_name == "inner" and code.co_filename.replace("\\", "/").endswith("torch/_dynamo/external_utils.py"):
-        try:
-            wrapped = tx.f_locals["fn"]
-        except Exception:  # noqa: BLE001 - the wrapper's name it is
-            wrapped = None
-        if wrapped is not None:
-            key = (code, id(wrapped))
-            if isinstance(wrapped, torch.nn.Module):
-                name, where = f"{type(wrapped).__name__}.forward", _def_site(type(wrapped).forward, where)
-            else:
-                name = getattr(wrapped, "__qualname__", name)
-                where = _def_site(wrapped, where)
+    try:
+        wrapped = _wrapped_method(code, tx.f_locals)
+    except Exception:  # noqa: BLE001 - named after the wrapper's code, then
+        wrapped = None
+    if wrapped is not None:
+        key, name, where = (code, id(wrapped[0])), wrapped[1], _def_site(wrapped[2], where)
     return Frame(code, key, name, where, str(compile_id) if compile_id is not None else "")
+
+
+def _wrapped_method(code: types.CodeType, f_locals: dict):
+    """(the wrapped object, its name, its function) when ``code`` is a wrapper around a module or a
+    module's method, else None. Dynamo enters a function through its decorators: ``torch.compile`` of a
+    torch.nn container compiles ``torch._dynamo.external_utils.wrap_inline``'s ``inner`` (its free
+    variable ``fn`` is the module); transformers' ``forward`` is ``can_return_tuple``'s ``wrapper``
+    (``func`` is the method, ``self`` the module). One wrapper code serves every object it wraps."""
+    owner = f_locals.get("self")
+    for var in code.co_freevars:
+        value = f_locals.get(var)
+        if isinstance(value, torch.nn.Module):
+            return value, f"{type(value).__name__}.forward", type(value).forward
+        if isinstance(owner, torch.nn.Module) and inspect.isfunction(value) \
+                and getattr(type(owner), value.__name__, None) is not None:
+            return value, f"{type(owner).__name__}.{value.__name__}", inspect.unwrap(value)
+    return None
 
 
 def _def_site(fn, default: str) -> str:
