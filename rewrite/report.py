@@ -92,12 +92,15 @@ class Retrace:
     guard: str | None = None
     where: str | None = None  # file name and line of the code that raised the guard
     source: str | None = None  # that line of code
+    in_torch: bool = False  # torch recorded only its own line (``where`` is in torch): no line of the model's code
 
     def __str__(self) -> str:
         if self.guard is None:
             return f"graph {self.graph} was traced for a reason Dynamo did not record ({self.text})"
         origin = ""
-        if self.where or self.source:
+        if self.in_torch:
+            origin = f" (raised inside torch at {self.where}; torch recorded no line of the model's code)"
+        elif self.where or self.source:
             origin = " (from " + " ".join(p for p in (self.where, f"`{self.source}`" if self.source else None) if p) + ")"
         return f"graph {self.graph} was traced because guard `{self.guard}` failed{origin}"
 

@@ -175,3 +175,9 @@ def test_reasons_that_name_no_source_line():
                          "User stack trace:\n  ...", 2)
     assert (shape.guard, shape.where, shape.source) == ("2 <= x.size()[0]", "net.py:7", "y = x[1]")
     assert parse_reason("", 2).text == "reason unknown"
+    # torch recorded only its own line (vit_mae's copy_ meta kernel): said so, not passed off as the model's
+    in_torch = parse_reason("0/0: x.size()[0] == 1  # (_meta_registrations.py:681 in meta_copy_)", 2)
+    assert (in_torch.guard, in_torch.where, in_torch.source, in_torch.in_torch) == (
+        "x.size()[0] == 1", "_meta_registrations.py:681", None, True)
+    assert str(in_torch) == ("graph 2 was traced because guard `x.size()[0] == 1` failed (raised inside torch at "
+                             "_meta_registrations.py:681; torch recorded no line of the model's code)")

@@ -129,14 +129,18 @@ def parse_reason(text: str, graph: int) -> Retrace:
     if not body:
         return Retrace(graph, UNKNOWN)
     parts = [p.strip() for p in body.split("  # ")]
-    guard, where, source = parts[0], None, None
+    guard, where, source, in_torch = parts[0], None, None, False
     for part in parts[1:]:
         loc = _LOCATION.match(part)
         if loc and where is None:
             where = f"{os.path.basename(loc['file'])}:{loc['line']}"
+        elif where is None and part.startswith("(") and part.endswith(")") and _LOCATION.match(part[1:]):
+            # no line of the user's code was recorded, only torch's own: "(_meta_registrations.py:681 in meta_copy_)"
+            loc = _LOCATION.match(part[1:])
+            where, in_torch = f"{os.path.basename(loc['file'])}:{loc['line']}", True
         elif source is None and not loc:
             source = part
-    return Retrace(graph, first, guard or None, where, source)
+    return Retrace(graph, first, guard or None, where, source, in_torch)
 
 
 def guard_origin(guard) -> str | None:
