@@ -27,6 +27,7 @@ from . import gears as rgears
 from .config import CompilerConfig, ConfigError
 from .dump import dump_graph
 from .fx_bridge import dynamo_input_names
+from .gears.graphs import GearFunctions, dynamo_code
 from .ir import Graph
 from .optimizer import optimize
 from .pipeline import build_callable
@@ -84,11 +85,13 @@ class RewriteBackend:
         self.config = copy.deepcopy(compiler_config) if compiler_config is not None else CompilerConfig()
         self.report = CompileReport()
         self._lock = threading.Lock()
+        self._gear_functions = GearFunctions(self.report)  # Dynamo graphs per geared function (report.gear_graphs)
         rexec.check_config(self.config)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         number = next(_graph_numbers)
         gear_spec = rgears.collect_gear_specs(example_inputs, self.config, gm)
+        frame = dynamo_code()  # the user's function Dynamo is compiling (None outside Dynamo)
         weights = [i for i, name in enumerate(dynamo_input_names(gm))
                    if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
 
@@ -130,6 +133,10 @@ class RewriteBackend:
                 decompositions=self.decompositions,
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
+        with self._lock:
+            again = self._gear_functions.compiled(frame, gear_spec)
+        if again is not None:  # a second (or later) Dynamo graph for a geared function: say why
+            log.info("%s", again)
         return direct.get("fn") or wrapped
 
     def compile_graph(self, gm: torch.fx.GraphModule, name: str, unit: CompileUnit, frozen: dict, gear_spec,

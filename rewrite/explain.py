@@ -16,6 +16,13 @@ def explain(fn_or_module, *args, config: CompilerConfig | None = None, fullgraph
     The report prints op counts before and after optimization (per gear), the passes and rules
     that fired and the time spent per stage. ``report.result`` holds what the call returned.
 
+    Gears: when the arguments carry `rewrite.inference.set_dim_gears` marks, the compiled function is
+    also called once at each of the other gears (the marked dims cut or repeated to the gear's size,
+    unmarked), as later calls would be, so the report says how many Dynamo graphs serve all the gears
+    and, for each graph after the first, which guard failed and the source line that raised it
+    (``report.gear_graphs``, a line ``gears: forward: ...`` in the printout). A gear call that fails is
+    noted in ``report.notes``.
+
     ``fn_or_module`` may be what ``torch.compile(..., backend=...)`` returned: its original function
     or module is compiled again with that backend's config (a `RewriteBackend`, ``backend="rewrite"``
     with its ``mode``/``options``, or ``"npugraph_ex"``), so switched-off rules stay off and the gear
@@ -34,7 +41,48 @@ def explain(fn_or_module, *args, config: CompilerConfig | None = None, fullgraph
     result = compiled(*args, **kwargs)
     report = backend.report
     report.result = result
+    for label, gear_args, gear_kwargs in _other_gears(args, kwargs, backend.config):
+        try:
+            compiled(*gear_args, **gear_kwargs)
+        except Exception as e:  # noqa: BLE001 - the report says which gear could not run, and why
+            report.notes.append(f"gear {label} not run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return report
+
+
+def _other_gears(args: tuple, kwargs: dict, config: CompilerConfig) -> list:
+    """(gear label, args, kwargs) for each gear declared on the arguments other than their own sizes:
+    the marked tensors with each geared dim cut (or repeated) to the gear's size, without marks."""
+    from .gears import get_dim_gears, merge_gears
+    from .gears.spec import InputGears
+
+    flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    inputs = [InputGears(i, f"input {i}", get_dim_gears(x), tuple(x.shape))
+              for i, x in enumerate(flat) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
+    if not inputs:
+        return []
+    own = {(i.index, d): i.shape[d] for i in inputs for d in i.dims}
+    out = []
+    for gear in merge_gears(inputs, config.inference_config.dynamic_gears_merge_policy):
+        if gear == own:
+            continue
+        leaves = list(flat)
+        for (index, dim), size in sorted(gear.items()):
+            leaves[index] = _resized(leaves[index], dim, size)
+        gear_args, gear_kwargs = torch.utils._pytree.tree_unflatten(leaves, spec)
+        values = [gear[k] for k in sorted(gear)]
+        out.append((values[0] if len(values) == 1 else tuple(values), gear_args, gear_kwargs))
+    return out
+
+
+def _resized(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``t`` with dimension ``dim`` of length ``size``: its leading slices, repeated when it is shorter."""
+    with torch.no_grad():
+        n = t.shape[dim]
+        if n == 0:
+            out = t.new_zeros(t.shape[:dim] + (size,) + t.shape[dim + 1:])
+        else:
+            out = torch.cat([t] * -(-size // n), dim).narrow(dim, 0, size).clone()
+    return out.requires_grad_() if t.requires_grad and t.is_leaf else out
 
 
 def _dynamo_context(obj):

@@ -2,6 +2,8 @@
 
 A `CompileReport` collects one `GraphReport` per compiled graph (forward, backward, one per
 Dynamo graph after a graph break). `rewrite.explain` returns one; the backend logs a summary.
+`GearGraphs` says, per geared function, how many Dynamo graphs serve its gears and, for each graph
+after the first, the guard that failed and the source line that raised it (`rewrite.gears.graphs`).
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import contextlib
 import dataclasses
 import time
 
-__all__ = ["CompileReport", "GraphReport"]
+__all__ = ["CompileReport", "GraphReport", "GearGraphs", "Retrace"]
 
 
 @dataclasses.dataclass
@@ -77,10 +79,58 @@ class GraphReport:
 
 
 @dataclasses.dataclass
+class Retrace:
+    """Why Dynamo traced another graph for a geared function: the guard of an earlier graph that a call failed.
+
+    ``guard``, ``where`` and ``source`` are read from Dynamo's recompile reason (``text``), e.g. guard
+    ``x.size()[0] != 1``, where ``model.py:12``, source ``if x.shape[0] == 1:``; each is None when the
+    reason does not name it (a tensor-match failure names no source line; "reason unknown" names nothing).
+    """
+
+    graph: int  # which of the function's Dynamo graphs this one is (2, 3, ...)
+    text: str  # Dynamo's reason as it wrote it (first line), or "reason unknown"
+    guard: str | None = None
+    where: str | None = None  # file name and line of the code that raised the guard
+    source: str | None = None  # that line of code
+    in_torch: bool = False  # torch recorded only its own line (``where`` is in torch): no line of the model's code
+
+    def __str__(self) -> str:
+        if self.guard is None:
+            return f"graph {self.graph} was traced for a reason Dynamo did not record ({self.text})"
+        origin = ""
+        if self.in_torch:
+            origin = f" (raised inside torch at {self.where}; torch recorded no line of the model's code)"
+        elif self.where or self.source:
+            origin = " (from " + " ".join(p for p in (self.where, f"`{self.source}`" if self.source else None) if p) + ")"
+        return f"graph {self.graph} was traced because guard `{self.guard}` failed{origin}"
+
+
+@dataclasses.dataclass
+class GearGraphs:
+    """The Dynamo graphs of one geared function (one Python code object Dynamo compiled)."""
+
+    function: str  # the function's name (``forward``)
+    where: str  # its file name and first line
+    gears: list  # the declared gears: sizes for one geared dim, tuples (in input, dim order) for several
+    graphs: int = 1  # Dynamo graphs compiled for it, the first geared one included
+    retraces: list = dataclasses.field(default_factory=list)  # a `Retrace` per graph after the first
+
+    def __str__(self) -> str:
+        gears = "[" + ", ".join(str(g) for g in self.gears) + "]"
+        if self.graphs == 1:
+            return f"gears: {self.function}: 1 Dynamo graph serves gears {gears}"
+        return "; ".join([f"gears: {self.function}: {self.graphs} Dynamo graphs serve gears {gears}"]
+                         + [str(r) for r in self.retraces])
+
+
+@dataclasses.dataclass
 class CompileReport:
     graphs: list = dataclasses.field(default_factory=list)
     graph_breaks: int = 0
     result: object = None  # what the compiled call returned, when `rewrite.explain` made the call
+    # One `GearGraphs` per function that was compiled with gears (`rewrite.inference.set_dim_gears`)
+    gear_graphs: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
 
     def new_graph(self, name: str) -> GraphReport:
         r = GraphReport(name)
@@ -104,4 +154,5 @@ class CompileReport:
 
     def __str__(self) -> str:
         head = f"rewrite: {len(self.graphs)} graph(s), {self.ops_before} ops -> {self.ops_after} ops"
-        return "\n".join([head] + [str(g) for g in self.graphs])
+        return "\n".join([head] + [str(g) for g in self.gear_graphs] + [f"note: {n}" for n in self.notes]
+                         + [str(g) for g in self.graphs])

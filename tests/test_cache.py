@@ -470,6 +470,62 @@ def test_cache_compile_with_gears_marked_on_the_first_call_only(tmp_path, monkey
     assert counters["traced"] == traced + 1 and counters["hits"] == hits + 1
 
 
+# A geared cached method, its first call at argv[1] (marked with the gears), then every gear twice, unmarked.
+GEARED_SCRIPT = textwrap.dedent('''
+    import json, sys, torch, rewrite
+    from torch._dynamo.utils import counters as dynamo
+    from rewrite.cache import counters
+    first, cache = int(sys.argv[1]), sys.argv[2]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Linear(8, 16)
+            self.b = torch.nn.Linear(16, 4)
+            self.cached = rewrite.inference.cache_compile(self.inner, cache_dir=cache)
+        def inner(self, x):
+            return self.b(torch.relu(self.a(x))).softmax(-1) * x.shape[0]
+
+    model = Model().eval()
+    x = torch.randn(first, 8)
+    rewrite.inference.set_dim_gears(x, dim_gears={0: [1, 2, 4]})
+    calls = [x] + [torch.randn(b, 8) for b in (1, 2, 4) if b != first] + [torch.randn(b, 8) for b in (4, 2, 1)]
+    equal = []
+    for c in calls:
+        with torch.no_grad():
+            got, want = model.cached(c), model.inner(c)
+        torch.testing.assert_close(got, want)
+        equal.append(c.shape[0])
+    print(json.dumps({"unique_graphs": dynamo["stats"]["unique_graphs"], "counters": dict(counters), "equal": equal}))
+''')
+
+
+@pytest.mark.parametrize("writer_first, reader_first", [(1, 4), (4, 1)])
+def test_cache_compile_warm_start_serves_every_gear_without_dynamo(tmp_path, writer_first, reader_first):
+    """A fresh process loading a geared method's entry runs gears 1, 2 and 4 with no Dynamo graph,
+    whatever size its first call has (the writer's first call had another)."""
+    script = tmp_path / "geared.py"
+    script.write_text(GEARED_SCRIPT)
+    cache = str(tmp_path / "cache")
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+
+    def run(first: int) -> dict:
+        p = subprocess.run([sys.executable, str(script), str(first), cache], capture_output=True, text=True,
+                           env=env, cwd=str(tmp_path), timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    wrote = run(writer_first)
+    assert wrote["counters"].get("traced") == 1 and wrote["counters"].get("misses") == 1
+    assert sorted(set(wrote["equal"])) == [1, 2, 4]
+    warm = run(reader_first)
+    assert sorted(set(warm["equal"])) == [1, 2, 4] and len(warm["equal"]) == 6  # every call equal to eager
+    assert warm["unique_graphs"] == 0  # Dynamo traced nothing
+    assert warm["counters"].get("traced", 0) == 0 and warm["counters"].get("misses", 0) == 0
+    assert warm["counters"]["hits"] == 1
+
+
 def test_geared_export_load_reuses_gear_graphs(tmp_path, monkeypatch):
     import rewrite.persist.document as loader
     from rewrite.cache.store import SIGNATURE_FILE

@@ -169,18 +169,39 @@ def _contradicts(expr, values: dict) -> bool:
         return False
 
 
+def _forget_speculation() -> None:
+    """Let the restarted trace take another path through the model's code than this one did.
+
+    Without ``fullgraph``, Dynamo logs the instructions where it may break the graph and a restarted
+    trace must pass the same ones (its ``SpeculationLog``): a trace at the call's own size that goes
+    down the other side of the model's ``if x.shape[0] == 1`` failed with SpeculationLogDivergence.
+    Dynamo clears the log itself for restarts that change what is traced (``UnspecializeRestartAnalysis``),
+    but a backend can only raise ``TensorifyScalarRestartAnalysis``, so it is cleared here. Written for
+    torch 2.13 (the root translator's ``speculation_log``); a torch without it keeps the old behaviour."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        InstructionTranslator.current_tx().speculation_log.clear()
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.debug("gears: could not clear Dynamo's speculation log before the restart", exc_info=True)
+
+
 def _shape_env():
     ctx = torch._guards.TracingContext.try_get()
     return getattr(getattr(ctx, "fake_mode", None), "shape_env", None)
 
 
 def _shape_facts(env) -> list:
-    """Guards and runtime asserts Dynamo recorded on the size symbols while tracing this graph."""
+    """Guards and runtime asserts Dynamo recorded on the size symbols while tracing this graph, each as
+    (expression, where the user's code raised it or None)."""
     if env is None:
         return []
-    facts = [env.replace(g.expr) for g in env.guards]  # in the graph's symbols (Dynamo's replacements applied)
+    from .graphs import guard_origin
+
+    # in the graph's symbols (Dynamo's replacements applied), with the user's line that raised each guard
+    facts = [(env.replace(g.expr), guard_origin(g)) for g in env.guards]
     for asserts in env.deferred_runtime_asserts.values():
-        facts.extend(env.replace(a.expr) for a in asserts)
+        facts.extend((env.replace(a.expr), None) for a in asserts)
     return facts
 
 
@@ -189,9 +210,9 @@ def _violated(values: dict, facts: list, symbols: dict) -> str | None:
         info = symbols.get(sym)
         if info is not None and (v < info.lower or (info.upper is not None and v > info.upper)):
             return f"{sym} = {v} is outside the traced range [{info.lower}, {info.upper if info.upper is not None else 'oo'}]"
-    for fact in facts:
+    for fact, origin in facts:
         if _contradicts(fact, values):
-            return f"the trace assumed {fact}"
+            return f"the trace assumed {fact}" + (f" (from {origin})" if origin else "")
     return None
 
 
@@ -261,6 +282,7 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
             # its size): trace again at this call's sizes; Dynamo keeps the graphs apart by its guards.
             log.info("gears: graph %d: the call's gear %s %s; traced again at its own sizes", number, example,
                      conflicts[gears.index(example)])
+            _forget_speculation()
             raise torch._dynamo.exc.TensorifyScalarRestartAnalysis(restart_reason="rewrite gears: trace at own size")
     table: dict = {}
     verbose = logging.INFO if len(gears) >= _PROGRESS_FROM else logging.DEBUG

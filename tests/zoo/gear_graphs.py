@@ -1,7 +1,8 @@
 """``python -m tests.zoo.gear_graphs [--only a,b]``: Dynamo graphs per geared model, first call at the smallest
 and at the largest gear (issue 27). Gears [1, 2, 4] on dim 0 of every input, set on the first call; then a call at
 every gear, each compared with eager. Prints a markdown table (architecture, family, graphs with the first call at
-1, at 4, and whether every call matched eager)."""
+1, at 4, and whether every call matched eager), then, for each model with more than one graph, the backend's gear
+report (`CompileReport.gear_graphs`: the guard that failed and the line of the model's code that raised it)."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,9 @@ import warnings
 GEARS = (1, 2, 4)
 
 
-def graphs_for(arch, first_batch: int) -> tuple[int, bool]:
-    """(Dynamo graphs compiled, every call equal to eager) for ``arch`` with its first call at ``first_batch``."""
+def graphs_for(arch, first_batch: int) -> tuple[int, bool, list]:
+    """(Dynamo graphs compiled, every call equal to eager, the backend's gear report lines) for ``arch`` with its
+    first call at ``first_batch``."""
     import torch
     from torch._dynamo.utils import counters
 
@@ -22,7 +24,8 @@ def graphs_for(arch, first_batch: int) -> tuple[int, bool]:
 
     torch._dynamo.reset()
     model = arch.model()
-    compiled = torch.compile(model, backend=rewrite.get_backend())
+    backend = rewrite.get_backend()
+    compiled = torch.compile(model, backend=backend)
     first = arch.inputs(first_batch, seed=200)
     for t in first.values():
         rewrite.inference.set_dim_gears(t, dim_gears={0: list(GEARS)})
@@ -39,7 +42,7 @@ def graphs_for(arch, first_batch: int) -> tuple[int, bool]:
         from rewrite.gears.spec import restore_size_oblivious
 
         restore_size_oblivious()
-    return int(counters["stats"]["unique_graphs"]), ok
+    return int(counters["stats"]["unique_graphs"]), ok, [str(g) for g in backend.report.gear_graphs if g.graphs > 1]
 
 
 def main(argv=None) -> int:
@@ -52,12 +55,13 @@ def main(argv=None) -> int:
     prepare_environment()
     warnings.filterwarnings("ignore")
     names = {n.strip() for n in args.only.split(",") if n.strip()}
-    rows = []
+    rows, why = [], []
     for arch in ARCHS:
         if names and arch.name not in names:
             continue
-        (g1, ok1), (g4, ok4) = graphs_for(arch, GEARS[0]), graphs_for(arch, GEARS[-1])
+        (g1, ok1, why1), (g4, ok4, why4) = graphs_for(arch, GEARS[0]), graphs_for(arch, GEARS[-1])
         rows.append((arch.name, arch.family, g1, g4, ok1 and ok4))
+        why += [(arch.name, first, line) for first, lines in ((GEARS[0], why1), (GEARS[-1], why4)) for line in lines]
         print(f"{arch.name}: {g1} {g4} {'equal' if ok1 and ok4 else 'MISMATCH'}", file=sys.stderr, flush=True)
     print(f"| architecture | family | graphs, first call at {GEARS[0]} | graphs, first call at {GEARS[-1]} | equal to eager |")
     print("| --- | --- | --- | --- | --- |")
@@ -66,6 +70,10 @@ def main(argv=None) -> int:
     one = sum(g1 == 1 and g4 == 1 for _, _, g1, g4, _ in rows)
     print(f"\n{one} of {len(rows)} architectures: one graph whatever the first call; "
           f"{sum(ok for *_, ok in rows)} equal to eager at every call")
+    if why:
+        print("\nWhy more than one graph (the gear report, `CompileReport.gear_graphs`):\n")
+        for name, first, line in why:
+            print(f"- {name}, first call at {first}: {line}")
     return 0
 
 
