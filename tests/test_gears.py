@@ -487,3 +487,23 @@ def test_gpt2_batch_and_sequence_gears_by_product_match_eager():
             torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
     assert unique_graphs() == 1
     assert len(backend.report.graphs[0].gears) == 4
+
+
+@pytest.mark.parametrize("first", [1, 4])
+@pytest.mark.parametrize("fallback", ["pad", "dynamic"])
+def test_fallbacks_serve_gears_and_other_sizes_from_one_graph_whatever_the_first_call(fallback, first):
+    # Issue 27: "the same for gear_fallback='pad' and 'dynamic'": BERT, gears [1, 2, 4], batch 3 between them.
+    from rewrite import models
+
+    model = models.bert()
+    config = rewrite.CompilerConfig()
+    config.inference_config.gear_fallback = fallback
+    fn, _ = _compile(model, config)
+    ids = models.token_batch(first, 16)
+    set_dim_gears(ids, {0: [1, 2, 4]})
+    counters.clear()
+    with torch.no_grad():
+        for b in [first, 1, 2, 3, 4]:
+            x = ids if b == first else models.token_batch(b, 16, seed=b)
+            torch.testing.assert_close(fn(x).last_hidden_state, model(x).last_hidden_state, rtol=1e-4, atol=1e-4)
+    assert unique_graphs() == 1
