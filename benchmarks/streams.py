@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rewrite  # noqa: E402
 import rewrite.scope as scope  # noqa: E402
+from rewrite.exec.stream_choice import TRIALS  # noqa: E402
 from _results import machine_line, markdown_table, record_section, save_plot  # noqa: E402
 
 
@@ -82,10 +83,13 @@ def compile_model(model, auto_streams=False):
     return torch.compile(model, backend=backend, fullgraph=True, dynamic=False), backend
 
 
+WARM_CALLS = rewrite.CompilerConfig().exec.tier_up_calls + 2 * TRIALS + 2
+
+
 def side_by_side(fns: dict, args, rounds: int, inner: int) -> dict:
     """Median seconds per call of each function, measured in interleaved rounds."""
     for f in fns.values():
-        for _ in range(3):
+        for _ in range(WARM_CALLS):  # past tier-up and the stream-scope choice (rewrite.exec.stream_choice)
             f(*args)
     samples = {k: [] for k in fns}
     for _ in range(rounds):
@@ -135,9 +139,10 @@ def main():
         applied = backend.report.applied()
         streams, syncs = applied.get("streams", 1), applied.get("stream_syncs", 0)
         speedup = t["single"] / t["multi"]
+        choices = [n.rsplit("kept ", 1)[1] for g in backend.report.graphs for n in g.notes if "stream scopes on CPU" in n]
         rows.append([name, streams, syncs, f"{t['eager'] * 1e3:.3f}", f"{t['single'] * 1e3:.3f}",
                      f"{t['single_1t'] * 1e3:.3f}", f"{t['multi'] * 1e3:.3f}", f"{speedup:.2f}x",
-                     f"{t['single_1t'] / t['multi']:.2f}x"])
+                     f"{t['single_1t'] / t['multi']:.2f}x", ", ".join(choices) or "-"])
         plot.append((name, speedup, t["single_1t"] / t["multi"]))
         print(" | ".join(str(c) for c in rows[-1]), flush=True)
 
@@ -155,7 +160,7 @@ def main():
     case("auto_streams, 2 branches, 8x matmul 128x128", plain, plain, (x,), auto=True, inner=10)
 
     headers = ["case", "streams", "syncs", "eager ms", "1 stream ms", "1 stream, 1 thread ms", "multi-stream ms",
-               "speedup", "speedup vs 1 thread"]
+               "speedup", "speedup vs 1 thread", "form kept"]
     table = markdown_table(headers, rows)
     print(table)
 
@@ -181,8 +186,10 @@ def main():
         "## Multi-stream execution (CPU)",
         "",
         "Command: `.venv/bin/python benchmarks/streams.py" + (" --quick" if opts.quick else "") + "`  ",
-        machine_line() + f", load average at the end {os.getloadavg()[0]:.1f}  ",
-        f"Median of {rounds} interleaved rounds per variant; '1 stream' is the same model compiled "
+        machine_line() + "  ",
+        f"Median of {rounds} interleaved rounds per variant, after {WARM_CALLS} calls each (past the default "
+        "mode's tier-up and, with scopes, the measured choice between worker threads and the tiered-up "
+        "one-stream form: 'form kept'); '1 stream' is the same model compiled "
         "without scopes, run with torch's threads and with one intra-op thread; each stream thread "
         "gets torch.get_num_threads() // streams intra-op threads. 'speedup' = 1 stream / multi-stream; "
         "'speedup vs 1 thread' isolates the overlap of the branches (ideal: 2x on 2 cores).",
