@@ -99,7 +99,8 @@ class RewriteBackend:
                    if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
         # Tensor subclasses (DTensor weights of a tensor-parallel model) reach the compiler flattened
         # by AOTAutograd: the graph's inputs are then these, and weights and gears are numbered in them.
-        flat = flatten_inputs(list(example_inputs), names + [f"input {i}" for i in range(len(names), len(example_inputs))])
+        names = names + [f"input {i}" for i in range(len(names), len(example_inputs))]
+        flat = flatten_inputs(list(example_inputs), names)
         graph_inputs = list(example_inputs)
         if flat is not None:
             graph_inputs, _, origin = flat
