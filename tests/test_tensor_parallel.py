@@ -212,7 +212,11 @@ def overlap(rank, scoped):
         s = c10d.wait_tensor(c10d.all_reduce(m, "sum", group))  # issued after the first on every rank
         return r + s.sum()
 
-    backend = capturing_backend(rewrite.CompilerConfig())
+    # Tier-up off: the worker threads run every call. (With it on, a scoped CPU graph also tiers up on one
+    # stream and keeps whichever form is faster on its calls, exec.stream_choice: checked below.)
+    config = rewrite.CompilerConfig()
+    config.exec.tier_up_calls = 0
+    backend = capturing_backend(config)
     compiled = torch.compile(f, backend=backend, fullgraph=True)
     g = torch.Generator().manual_seed(rank)
     a, b, w = torch.randn(4, 4, generator=g), torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
@@ -225,7 +229,16 @@ def overlap(rank, scoped):
     out = compiled(a, b, w)
     stamps = {label: {"at": t - t0, "caller_thread": tid == threading.get_ident()} for label, t, tid in STAMPS}
     diffs.append(max_diff(out, f(a, b, w)))
-    return {"max_diff": max(diffs), "stamps": stamps, "fx": backend.fx, "built": backend.built}
+    # The default mode: one-stream calls, the tier-up, then both forms alternately until one is kept (the
+    # ranks may keep different forms: both issue the collectives in one order).
+    from rewrite.exec.stream_choice import TRIALS
+
+    chooser = capturing_backend(rewrite.CompilerConfig())
+    chosen = torch.compile(f, backend=chooser, fullgraph=True)
+    for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2 * TRIALS + 3):
+        diffs.append(max_diff(chosen(a, b, w), f(a, b, w)))
+    kept = [n for g in chooser.report.graphs for n in g.notes if "kept" in n]
+    return {"max_diff": max(diffs), "stamps": stamps, "fx": backend.fx, "built": backend.built, "kept": kept}
 
 
 def auto_streams(mesh):
@@ -522,6 +535,8 @@ def test_a_collective_in_a_stream_scope_runs_on_a_worker_and_overlaps_with_indep
         streams = built["streams"]
         assert streams["all_reduce"] == "1" and streams["wait_tensor"] == "1", streams
         assert streams["all_reduce_1"] is None and streams["mm"] is None, streams
+    for value in scoped:  # with the tier-up: a form was kept after the trials, results equal all along
+        assert len(value["kept"]) == 1 and "stream scopes on CPU" in value["kept"][0], value["kept"]
     stamps = scoped[0]["stamps"]  # rank 0 waited 0.3 s for rank 1 in its wait_tensor, on the worker
     assert not stamps["after_wait"]["caller_thread"] and stamps["default_stream_compute"]["caller_thread"]
     assert stamps["after_wait"]["at"] > 0.25, stamps
