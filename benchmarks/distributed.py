@@ -12,9 +12,12 @@ column-wise, the attention output and the MLP's second layer row-wise: one all_r
   independent of the MLP's compute. "rewrite" runs it on one stream, where the collectives are
   issued as early as their inputs allow (gloo reduces in the background) and waited for where read;
   "rewrite, stream" puts the attention's output projection (its all_reduce and wait included) in
-  ``rewrite.scope.stream_switch("1")``, so the wait blocks a worker thread, not the caller.
+  ``rewrite.scope.stream_switch("1")``, so the wait blocks a worker thread, not the caller. In the
+  default mode such a graph also tiers up on one stream and keeps the faster form, measured on its
+  calls (rewrite.exec.stream_choice); the script says which form rank 0 kept.
 
-Each model is checked against the unsharded block in eager mode, called past the tier-up, then
+Each model is checked against the unsharded block in eager mode, called past the tier-up (and past
+the choice of form), then
 timed in interleaved rounds (the ranks start each step together; median per step, rank 0's clock).
 Prints a table; ``--record`` writes it into benchmarks/RESULTS.md (section "Tensor parallelism").
 Two ranks share this machine's cores: each rank gets half of them (torch.set_num_threads).
@@ -100,12 +103,15 @@ def _rank(rank: int, world: int, port: str, opts: dict, out: str) -> None:
     cases.append(("parallel block", reference, {"eager": sharded, "rewrite": compiled(sharded),
                                                 "rewrite, stream": compiled(scoped)}))
     scoped_backend = backends[id(scoped)]
+    from rewrite.exec.stream_choice import TRIALS
+
+    warm_calls = rewrite.CompilerConfig().exec.tier_up_calls + 2 * TRIALS + 2
     rows = []
     with torch.no_grad():
         for name, ref, models in cases:
             want = ref(x)
             for label, model in models.items():
-                for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):  # warm, past the tier-up
+                for _ in range(warm_calls):  # past the tier-up (and a scoped graph's choice of form)
                     torch.testing.assert_close(model(x), want, atol=1e-4, rtol=1e-4)
             samples = {label: [] for label in models}
             for _ in range(opts["repeat"]):
@@ -118,9 +124,10 @@ def _rank(rank: int, world: int, port: str, opts: dict, out: str) -> None:
                                   for label in ("eager", "rewrite", "rewrite, stream")])
     streams = scoped_backend.report.applied().get("streams", 1)
     assert streams == 2, f"the scoped model ran on {streams} stream(s): {scoped_backend.report}"
+    kept = [n for g in scoped_backend.report.graphs for n in g.notes if "stream scopes on CPU" in n]
     if rank == 0:
         with open(out, "w") as f:
-            json.dump(rows, f)
+            json.dump({"rows": rows, "kept": kept}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -142,7 +149,8 @@ def main() -> None:
     out = os.path.join(tempfile.mkdtemp(prefix="bench-distributed-"), "rows.json")
     torch.multiprocessing.spawn(_rank, args=(2, port, vars(opts), out), nprocs=2, join=True)
     with open(out) as f:
-        rows = json.load(f)
+        result = json.load(f)
+    rows = result["rows"]
 
     from _results import machine_line, markdown_table, record_section
 
@@ -157,11 +165,14 @@ def main() -> None:
     table = markdown_table(headers, [[name, ms(e), ms(r), ms(s), ratio(e, r), ratio(r, s)] for name, e, r, s in rows])
     what = (f"2 gloo ranks on this machine, hidden {opts.hidden}, {opts.heads} heads, batch {opts.batch} x "
             f"{opts.seq} tokens, median of {opts.repeat} steps")
+    kept = "; ".join(result["kept"]) or "no stream-scope choice was made (no tier-up)"
     print(what)
     print(table)
+    print(f"rank 0, the scoped parallel block: {kept}")
     if opts.record:
         record_section("distributed", "\n".join(["## Tensor parallelism (`benchmarks/distributed.py`)", "",
-                                                 machine_line(), what, "", table]))
+                                                 machine_line(), what, "", table, "",
+                                                 f"Rank 0, the scoped parallel block: {kept}."]))
 
 
 if __name__ == "__main__":
