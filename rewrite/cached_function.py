@@ -47,7 +47,7 @@ from .cache.store import CacheDir, count
 from .config import CompilerConfig
 from .persist.errors import ExportError
 from .persist.weights import collected_weight
-from .subclasses import flatten, layout_text, plain_tensors
+from .subclasses import flatten, is_subclass, layout_text, plain_tensors
 
 log = logging.getLogger("rewrite")
 
@@ -138,12 +138,13 @@ class _Registrations:
 _registrations = _Registrations()
 
 
-def _where(tensors: list) -> list[tuple[int, int]]:
+def _where(tensors: list) -> list:
     """Where each tensor's data lives and its version counter (in-place updates bump it).
 
-    A DTensor's own ``data_ptr()`` is 0 and its ``_version`` stands still when it is updated in place:
-    its shard's (`plain_tensors`) are read instead."""
-    return [(p.data_ptr(), p._version) for t in tensors for p in plain_tensors(t)]
+    A DTensor's own ``data_ptr()`` is 0, and an in-place update through it bumps its own ``_version``
+    but not its shard's: both are read, the wrapper's version and the shard's (`plain_tensors`) place."""
+    return [(t.data_ptr(), t._version) if not is_subclass(t)
+            else (t._version, [(p.data_ptr(), p._version) for p in plain_tensors(t)]) for t in tensors]
 
 
 class _Bound(torch.nn.Module):
