@@ -317,8 +317,22 @@ def run(rank, world, phase):
             out["cache_after_update"] = dict(counters)
         return out
 
+    def export():  # the multi-rank export of the same sharded block (one graph file per rank)
+        reference, block = tp.build(mesh)
+        x = tp.batch(4)
+        rewrite.inference.set_dim_gears(x, dim_gears={0: [1, 2, 4]})
+        rewrite.dynamo_export(x, model=block, export_path=os.path.join(OUT, "export"), export_name="tp",
+                              dynamic=True)
+
+    def load():
+        reference, _ = tp.build(mesh)
+        runner = rewrite.load(os.path.join(OUT, "export"), "tp")
+        diffs = [max_diff(runner(x), reference(x)) for x in (tp.batch(size, seed=size) for size in (1, 2, 4))]
+        return {"max_diff": max(diffs), "frames": sum(torch._dynamo.utils.counters["frames"].values())}
+
     with torch.no_grad():
         case(rank, phase, calls)
+        case(rank, f"{phase}_export", export if phase == "cold" else load)
     dist.barrier()
     finish()
 
@@ -509,8 +523,17 @@ def test_mismatched_gears_fail_on_every_rank_naming_the_rank_and_the_gear(tmp_pa
 
 # -- cache_compile per rank --------------------------------------------------------------------------------
 
-def test_cache_compile_writes_one_entry_per_rank_and_a_fresh_process_loads_it_without_dynamo(tmp_path):
+@pytest.fixture(scope="module")
+def cache_runs(tmp_path_factory):
+    """A cold spawn (cache_compile writes, dynamo_export writes), then a warm one (both load)."""
+    tmp_path = tmp_path_factory.mktemp("tp_cache")
     _run_ranks(tmp_path, "cold", CACHE, "cold")
+    _run_ranks(tmp_path, "warm", CACHE, "warm")  # a new spawn: fresh processes
+    return tmp_path
+
+
+def test_cache_compile_writes_one_entry_per_rank_and_a_fresh_process_loads_it_without_dynamo(cache_runs):
+    tmp_path = cache_runs
     cold = _ok(tmp_path, "cold")
     entries = sorted(p.relative_to(tmp_path / "cache").as_posix() for p in (tmp_path / "cache").glob("*/*/*")
                      if p.is_dir())
@@ -518,13 +541,22 @@ def test_cache_compile_writes_one_entry_per_rank_and_a_fresh_process_loads_it_wi
     for value in cold:
         assert value["max_diff"] <= 1e-4 and value["unique_graphs"] == 1
 
-    _run_ranks(tmp_path, "warm", CACHE, "warm")  # a new spawn: fresh processes
     for value in _ok(tmp_path, "warm"):
         assert value["unique_graphs"] == 0 and value["frames"] == 0, value  # no Dynamo
         assert value["cache"].get("hits", 0) >= 1 and not value["cache"].get("misses"), value["cache"]
         assert value["max_diff"] <= 1e-4
         assert max(value["after_update"]) <= 1e-4
         assert value["cache_after_update"].get("misses") == 2, value["cache_after_update"]
+
+
+def test_dynamo_export_of_the_sharded_block_loads_per_rank_in_fresh_processes(cache_runs):
+    """The same capture as cache_compile's (DTensor weights flattened, shards frozen): one file per rank."""
+    tmp_path = cache_runs
+    _ok(tmp_path, "cold_export")
+    names = sorted(os.listdir(tmp_path / "export"))
+    assert {"tp0.json", "tp1.json", "tp_manifest.json", "rank_0", "rank_1"} <= set(names), names
+    for value in _ok(tmp_path, "warm_export"):
+        assert value["max_diff"] <= 1e-4 and value["frames"] == 0, value
 
 
 # -- streams: a collective on a side stream overlaps with the default stream's work --------------------------
