@@ -593,8 +593,9 @@ def test_a_collective_in_a_stream_scope_runs_on_a_worker_and_overlaps_with_indep
 
 
 def test_auto_streams_keeps_the_sharded_block_correct_and_its_collectives_on_the_caller_stream(main_run):
-    """auto_streams prices ops by their CPU work (rewrite.cost); a collective's time is waiting for the peers,
-    which the cost model does not see, so it never moves one to a side stream to overlap it."""
+    """auto_streams prices ops by their CPU work (rewrite.cost: a collective costs a few microseconds of
+    dispatch); the time a collective spends waiting for its peers is not in the model, so it has no reason to
+    move one to a side stream to overlap it, and on the sharded block it does not."""
     for value in _ok(main_run, "auto_streams"):
         assert value["max_diff"] <= 1e-4
         (fx,) = value["fx"]
