@@ -12,6 +12,7 @@ Pipeline of one graph (see DESIGN.md):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import logging
@@ -34,6 +35,7 @@ from .pipeline import build_callable
 from .report import CompileReport
 from .scope import annotate_streams
 from .shape.size_inputs import read_sizes_from_tensors
+from .subclasses import flatten_inputs
 from .unit import CompileUnit
 from .user_passes import run_post_pass, run_pre_pass
 
@@ -92,8 +94,19 @@ class RewriteBackend:
         number = next(_graph_numbers)
         gear_spec = rgears.collect_gear_specs(example_inputs, self.config, gm)
         frame = dynamo_code()  # the user's function Dynamo is compiling (None outside Dynamo)
-        weights = [i for i, name in enumerate(dynamo_input_names(gm))
+        names = dynamo_input_names(gm)
+        weights = [i for i, name in enumerate(names)
                    if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
+        # Tensor subclasses (DTensor weights of a tensor-parallel model) reach the compiler flattened
+        # by AOTAutograd: the graph's inputs are then these, and weights and gears are numbered in them.
+        names = names + [f"input {i}" for i in range(len(names), len(example_inputs))]
+        flat = flatten_inputs(list(example_inputs), names)
+        graph_inputs = list(example_inputs)
+        if flat is not None:
+            graph_inputs, _, origin = flat
+            weighty = set(weights)
+            weights = [k for k, i in enumerate(origin) if i in weighty and isinstance(graph_inputs[k], torch.Tensor)]
+            gear_spec = _renumber_gears(gear_spec, origin, graph_inputs)
 
         def unit(kind: str, weights: tuple = ()) -> CompileUnit:
             with self._lock:
@@ -103,10 +116,10 @@ class RewriteBackend:
 
         def compile_fw(aot_gm, aot_inputs, kind):
             frozen = ()
-            same_inputs = len(aot_inputs) == len(example_inputs)  # else AOT changed them: indices differ
+            same_inputs = _same_inputs(aot_inputs, graph_inputs)  # else AOT changed them: indices differ
             if kind == "inference" and self.config.experimental_config.frozen_parameter:
                 if same_inputs:
-                    frozen = {i: example_inputs[i] for i in weights}
+                    frozen = {i: graph_inputs[i] for i in weights}
                 else:
                     log.info("graph %d: cannot freeze weights (AOT changed the inputs); kept as inputs", number)
             fw = unit(kind, tuple(weights) if same_inputs else ())
@@ -115,7 +128,7 @@ class RewriteBackend:
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
                 compiled = self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec, aot_inputs)
             inner = getattr(compiled, "__rewrite_fn__", None)
-            if kind == "inference" and same_inputs and inner is not None:
+            if kind == "inference" and same_inputs and flat is None and inner is not None:
                 direct["fn"] = rexec.direct_call(inner, example_inputs)
             return compiled
 
@@ -189,6 +202,42 @@ class RewriteBackend:
 
     def on_optimized(self, graph: Graph, unit: CompileUnit, frozen: dict, gear_spec) -> None:
         """Hook called with each optimized graph before it is built; rewrite.export captures graphs here."""
+
+
+def _same_inputs(aot_inputs, graph_inputs) -> bool:
+    """Whether AOTAutograd's graph takes ``graph_inputs`` as they are (one for one, tensors where tensors are)."""
+    if len(aot_inputs) != len(graph_inputs):
+        return False
+    for a, g in zip(aot_inputs, graph_inputs):
+        if isinstance(a, torch.Tensor) != isinstance(g, torch.Tensor):
+            return False
+        if isinstance(a, torch.Tensor) and (a.dtype != g.dtype or a.dim() != g.dim()):
+            return False
+    return True
+
+
+def _renumber_gears(spec, origin: list, graph_inputs: list):
+    """``spec`` with Dynamo's input numbers replaced by those of the flattened inputs (`rewrite.subclasses`):
+    a geared input is a plain tensor, so it is the one flattened input its Dynamo input became."""
+    if spec is None:
+        return None
+    new = {}
+    for k, i in enumerate(origin):
+        if i in new:
+            new[i] = None  # a subclass: several inputs (never geared: set_dim_gears marks what the caller passes)
+        else:
+            new[i] = k
+    for inp in spec.inputs:
+        if new.get(inp.index) is None or not isinstance(graph_inputs[new[inp.index]], torch.Tensor):
+            raise rgears.GearError(f"gears were declared on {inp.name}, a tensor subclass; declare them on plain "
+                                   "tensors (the model's inputs)")
+    renumber = {inp.index: new[inp.index] for inp in spec.inputs}
+    if all(k == v for k, v in renumber.items()):
+        return spec
+    return dataclasses.replace(
+        spec, inputs=tuple(dataclasses.replace(inp, index=renumber[inp.index]) for inp in spec.inputs),
+        gears=tuple({(renumber[i], d): v for (i, d), v in gear.items()} for gear in spec.gears),
+        example=None if spec.example is None else {(renumber[i], d): v for (i, d), v in spec.example.items()})
 
 
 def _freeze(graph: Graph, frozen: dict) -> None:

@@ -47,6 +47,7 @@ from .cache.store import CacheDir, count
 from .config import CompilerConfig
 from .persist.errors import ExportError
 from .persist.weights import collected_weight
+from .subclasses import flatten, is_subclass, layout_text, plain_tensors
 
 log = logging.getLogger("rewrite")
 
@@ -56,6 +57,7 @@ DEFAULT_DIR = ".rewrite_cache"
 PROGRAM_FILE = "program.json"
 LIVE_FILE = "live.json"
 RNG_MESSAGE = "Cache compile does not support operator that depend on RNG"
+_NOT_RUN = object()  # the first call's program has not run yet
 
 
 def _same_config(a: CompilerConfig, b: CompilerConfig) -> bool:
@@ -136,9 +138,13 @@ class _Registrations:
 _registrations = _Registrations()
 
 
-def _where(tensors: list) -> list[tuple[int, int]]:
-    """Where each tensor's data lives and its version counter (in-place updates bump it)."""
-    return [(t.data_ptr(), t._version) for t in tensors]
+def _where(tensors: list) -> list:
+    """Where each tensor's data lives and its version counter (in-place updates bump it).
+
+    A DTensor's own ``data_ptr()`` is 0, and an in-place update through it bumps its own ``_version``
+    but not its shard's: both are read, the wrapper's version and the shard's (`plain_tensors`) place."""
+    return [(t.data_ptr(), t._version) if not is_subclass(t)
+            else (t._version, [(p.data_ptr(), p._version) for p in plain_tensors(t)]) for t in tensors]
 
 
 class _Bound(torch.nn.Module):
@@ -212,7 +218,8 @@ class CachedFunction:
                 return self._static
         classes = sorted({type(m) for m in self._module.modules()}, key=lambda c: (c.__module__, c.__qualname__))
         code = digest(code_digest(self._fn) + "".join(class_digest(c) for c in classes))
-        params = digest(";".join(f"{n}:{str(t.dtype)[6:]}{list(t.shape)}@{t.device.type}" for n, t in named))
+        params = digest(";".join(f"{n}:{str(t.dtype)[6:]}{list(t.shape)}@{t.device.type}{layout_text(t)}"
+                                 for n, t in named))
         decomps = "none" if not self.decompositions else digest(";".join(
             sorted(f"{op}:{code_digest(fn)}" for op, fn in self.decompositions.items())))
         fields = {"versions": versions(), "config": config_digest(self.config)[0], "code": code, "parameters": params,
@@ -284,10 +291,10 @@ class CachedFunction:
             hit = self._load(fields, args, kwargs)
             if hit is None:
                 self._mark(flat, gears)
-            program = hit[0] if hit is not None else self._compile(fields, args, kwargs)
+            program, result = hit if hit is not None else self._compile(fields, args, kwargs)
             with self._lock:
                 self._programs.setdefault(key, []).append(program)
-        return hit[1] if hit is not None else self._run(program, args, kwargs)
+        return result if result is not _NOT_RUN else self._run(program, args, kwargs)
 
     @staticmethod
     def _run(program, args, kwargs):
@@ -295,8 +302,11 @@ class CachedFunction:
             return program(*args, **kwargs)
 
     def _live(self) -> dict:
+        """The module's tensors by name; a tensor subclass (DTensor) by its inner tensors' names instead
+        (``inner.{name}._local_tensor``: the program holds this rank's shard, never the wrapper)."""
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
-            return {f"inner.{n}": t.detach() for n, t in self._tensors()}
+            return {f"inner.{name}": v.detach() for n, t in self._tensors() for name, v in flatten(t, n)
+                    if isinstance(v, torch.Tensor)}
 
     def _load(self, fields, args, kwargs):
         """(the loaded program, its result for this call) on a hit, else None (a miss, logged)."""
@@ -310,6 +320,7 @@ class CachedFunction:
             # Every file is read through the verified entry: its bytes must have the signed sha256.
             live = self._live()
             program = entry.read_json(PROGRAM_FILE)
+            _check_process_groups(program)
             live_data = entry.read_json(LIVE_FILE)
             reader = LiveWeightReader(entry.folder, program.get("weights", {}), live_data.get("live", {}), live,
                                       PROGRAM_FILE, signed=entry.files)
@@ -368,7 +379,10 @@ class CachedFunction:
         if self.cache.write(self.rel, fields, files, kind="function",
                             label=f"{type(self._module).__name__}.{self.__name__}"):
             log.info("cache_compile %s: wrote %s", self.__name__, self.path)
-        return loaded
+        # A program with collectives ran them once already, in the traced call: running it again would
+        # issue them twice on this rank, while a rank that found its entry runs them once (its peers'
+        # collectives would pair with the wrong calls). Its result is the traced call's.
+        return loaded, (cap.result if data.get("collectives") else _NOT_RUN)
 
 
 class _InMemoryReader(LiveWeightReader):
@@ -382,6 +396,34 @@ class _InMemoryReader(LiveWeightReader):
         if name not in self.loaded:
             self.loaded[name] = self.placed(collected_weight(self._writer, name), self.records[name])
         return self.loaded[name]
+
+
+def _check_process_groups(program: dict) -> None:
+    """The groups the program's collectives name must be this process's groups of the same ranks.
+
+    Group names are per process (``"0"`` is the default group; subgroups are numbered as they are
+    created), so the same script names them alike; a program whose group names another set of
+    ranks here (another script, another mesh) is a miss, never a collective with the wrong peers."""
+    groups = program.get("process_groups") or {}
+    if not isinstance(groups, dict) or not groups:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ExportError("the program holds collectives and this process has no process group "
+                          "(torch.distributed.init_process_group)")
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    for name, info in groups.items():
+        want = info.get("ranks") if isinstance(info, dict) else None
+        try:
+            have = dist.get_process_group_ranks(_resolve_process_group(name))
+        except Exception as e:  # noqa: BLE001 - no such group here
+            raise ExportError(f"the program's collectives use process group {name!r} (ranks {want}), which this "
+                              f"process does not have ({type(e).__name__}: {e})") from None
+        if have != want:
+            raise ExportError(f"the program's collectives use process group {name!r} of ranks {want}; in this "
+                              f"process that group has ranks {have}")
 
 
 def _rank_folder(global_rank, tp_rank, pp_rank) -> str:

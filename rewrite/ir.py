@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import sympy
 import torch
 
-from .ops import target_name
+from .ops import COLLECTIVE_NAMESPACES, target_name
 
 __all__ = [
     "TensorMeta",
@@ -295,6 +295,7 @@ def is_side_effect(node: Node) -> bool:
 # reused. Emptied when FX's list of side-effectful functions changes (it only grows).
 _target_effects: dict[int, tuple[Any, bool]] = {}
 _target_effects_version = [0]
+_EFFECT_NAMESPACES = ("rewrite_stream",) + COLLECTIVE_NAMESPACES
 
 
 def _target_has_side_effect(t) -> bool:
@@ -305,9 +306,14 @@ def _target_has_side_effect(t) -> bool:
     entry = _target_effects.get(id(t))
     if entry is None or entry[0] is not t:
         # Runtime assertions (_assert_async, _assert_scalar, ...) and profiler/autocast markers:
-        # FX's own list of calls that must run even though nothing reads their result.
+        # FX's own list of calls that must run even though nothing reads their result. Collectives
+        # too (FX lists only wait_tensor and point-to-point ops): a call on one rank needs its peer
+        # calls on the others, so every rank must issue the same ones in the same order whatever its
+        # values are. As effects they are never pruned, folded, merged with an equal call (two equal
+        # all_reduces on one rank, say of zero biases, are two calls on a rank whose biases differ),
+        # computed once by an execution plan, or moved past one another.
         always = t in effectful or (isinstance(t, torch._ops.OpOverload)
-                                    and (t._schema.is_mutable or t.namespace in ("rewrite_stream",)))
+                                    and (t._schema.is_mutable or t.namespace in _EFFECT_NAMESPACES))
         entry = _target_effects[id(t)] = (t, always)
     return entry[1]
 

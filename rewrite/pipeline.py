@@ -13,6 +13,7 @@ import contextlib
 
 from . import exec as rexec
 from . import gears as rgears
+from .distributed import guard_collectives
 from .dump import dump_graph
 from .ir import Graph
 from .unit import CompileUnit
@@ -42,7 +43,8 @@ def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs:
     if program is not None:
         with _stage(unit, "plan"):
             program.finalize()
-    return fn
+    # A graph with collectives names the rank that failed when a peer's collective is missing (rewrite.distributed).
+    return guard_collectives(fn, graph)
 
 
 def _stage(unit: CompileUnit, name: str):

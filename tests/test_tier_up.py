@@ -209,8 +209,9 @@ def test_in_place_input_updates_survive_the_tier_up():
 
 
 def test_graphs_with_effects_outside_them_do_not_tier_up():
-    """Planning runs the graph once more: a side effect would happen twice, a collective once more
-    than on the other ranks. Writes to the graph's inputs are fine (the observed run writes copies)."""
+    """Planning runs the graph once more: a side effect would happen twice. Writes to the graph's
+    inputs are fine (the observed run writes copies); collectives are made locally in that run
+    (tests/test_tensor_parallel.py)."""
     def graph(effect: bool):
         g = Graph("g")
         x = g.placeholder("x", meta_of_value(torch.zeros(4)))

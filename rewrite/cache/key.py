@@ -25,6 +25,8 @@ import types
 
 import torch
 
+from ..subclasses import layout_text, plain_tensors
+
 __all__ = ["key_hash", "diff", "versions", "config_digest", "code_digest", "tensor_digest", "digest"]
 
 
@@ -155,12 +157,20 @@ def tensor_digest(tensors) -> str:
     than BLAKE2b (measured); a warm start of `cache_compile` pays it once per process."""
     h = hashlib.sha256()
     with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():
-        for t in tensors:
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            t = t.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
-            t = t.contiguous()
-            if t.numel():
-                h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        for whole in tensors:
+            h.update(f"{whole.dtype}{tuple(whole.shape)}".encode())
+            parts = plain_tensors(whole)
+            if parts[0] is not whole:  # a subclass (DTensor): its layout, and this rank's values
+                h.update(f"{layout_text(whole)}{[(str(t.dtype), tuple(t.shape)) for t in parts]}".encode())
+            for t in parts:
+                _hash_values(h, t)
     return h.hexdigest()[:32]
+
+
+def _hash_values(h, t: torch.Tensor) -> None:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.numel():
+        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))

@@ -5,14 +5,15 @@ fine). A rebuilt node that computes the same op on the same stream as an origina
 e-class takes that node's name and attrs, so dumps and module paths stay readable. Pinned nodes are
 re-created from their original node with their arguments remapped. Emission order: the
 nondeterministic pinned nodes in their original order (the random stream is consumed as in
-eager), then everything the outputs need, then everything the side effects read (unless it reads
+eager), then the collectives other than ``wait_tensor`` in their original order (the ranks issue
+them in one order), then everything the outputs need, then everything the side effects read (unless it reads
 a side effect itself), then the side effects in their original order: functional graphs mutate
 inputs only at their tail, after every read, so no value may be computed between two writes.
 """
 from __future__ import annotations
 
 from ..ir import Graph, Node, map_nodes, meta_of_value
-from ..ops import is_nondeterministic, split_args, strip_defaults, target_from_name, target_name
+from ..ops import is_collective, is_nondeterministic, split_args, strip_defaults, target_from_name, target_name
 from .decode import VALUE_OPS, Decoder
 from .load import Loaded
 from .snapshot import ENode, Snapshot
@@ -132,6 +133,12 @@ class Rebuilder:
                                  + [self.class_of(n) for n in pinned if n.id in side])
         for n in random:
             if self.class_of(n) in live:
+                self.build(self.class_of(n))
+        # Collectives in their original order: every rank must issue them in one order (its process
+        # group pairs the ranks' calls by sequence), and building the outputs first would issue them
+        # in the order the outputs read them. Their waits are built where their results are needed.
+        for n in pinned:
+            if n.id in side and is_collective(n.target) and n.target._opname != "wait_tensor":
                 self.build(self.class_of(n))
         outputs = map_nodes(self.source.outputs, self.output_value)
         effects = [self.class_of(n) for n in pinned if n.id in side]

@@ -8,7 +8,8 @@ kernels, which can disagree with the real kernels on strides.
 
 The run keeps every value alive until it ends, so no address is reused during it and two values
 share a storage exactly when they alias. The inputs are the caller's first inputs, or tensors
-made from the graph's metas (zeros, contiguous) when a plan is made at compile time.
+made from the graph's metas (zeros, contiguous) when a plan is made at compile time. Collectives
+do not communicate in this run (`_local_stand_in`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch.fx.node import map_aggregate
 
 from ..fx_bridge import CompileError
 from ..ir import Graph, Node, SymMeta, TensorMeta
+from ..ops import is_collective
 
 __all__ = ["Layout", "TensorFact", "Observation", "observe", "synthesize_inputs", "layout_of"]
 
@@ -118,8 +120,28 @@ def _evaluate(graph: Graph, inputs: list, order: list, subgraph_compiler) -> dic
             env[n.id] = n.value
         elif n.kind == "call":
             args, kwargs = map_aggregate((n.args, dict(n.kwargs)), value)
-            env[n.id] = n.target(*args, **kwargs)
+            env[n.id] = _local_stand_in(n, args) if is_collective(n.target) else n.target(*args, **kwargs)
     return env
+
+
+def _local_stand_in(n: Node, args) -> object:
+    """What a collective returns, made on this rank alone: the observed run talks to no other rank.
+
+    A plan is made at compile time (reduce-overhead), when the ranks need not compile in step (a
+    rank may compile more gears, or load its graphs from a cache), or on one call's inputs as an
+    extra run the other ranks do not make; a real collective there would pair with a peer's
+    unrelated call. The plan needs the layouts and aliasing of the results, not their values:
+    ``wait_tensor`` returns its argument, every other functional collective a new contiguous tensor
+    (zeros of the node's static meta stand in for it)."""
+    if n.target._opname == "wait_tensor":
+        return args[0]
+    metas = n.meta if isinstance(n.meta, (tuple, list)) else [n.meta]
+    made = []
+    for m in metas:
+        if not (isinstance(m, TensorMeta) and m.is_static()):
+            raise CompileError(f"graph: collective %{n.name} ({n.op}) has no static result ({m}); cannot observe it")
+        made.append(torch.zeros([int(s) for s in m.shape], dtype=m.dtype, device=m.device))
+    return made if isinstance(n.meta, (tuple, list)) else made[0]
 
 
 def observe(graph: Graph, inputs: list, order: list | None = None) -> Observation:

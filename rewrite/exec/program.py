@@ -27,7 +27,8 @@ meanwhile run the ATen code instead of waiting for the tier-up. Whatever stands 
 compiler, an unwritable cache folder, one another user could write into (also a warning), several
 processes without LOCAL_WORLD_SIZE) leaves the plan without kernels or the graph on its
 ATen code, with a note, never an error. Graphs whose extra observed run would show outside them
-(random draws, collectives, side effects) stay on their ATen code.
+(random draws, side effects) stay on their ATen code; collectives do not communicate in that run
+(`observe._local_stand_in`), so graphs of tensor-parallel models tier up too.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def program_for(unit: CompileUnit) -> "PlannedProgram | None":
 def _seen_outside(graph: Graph) -> str | None:
     """What makes one more run of ``graph`` visible outside it (None: nothing). Tiering up observes a
     run on the caller's inputs, so such graphs keep their ATen code: random draws would advance the
-    generator, collectives need their peers on the other ranks, side effects would happen twice.
+    generator, side effects would happen twice. Collectives are made locally in that run.
     Writes to the graph's inputs are fine: the observed run writes to copies of them."""
     inputs = {p.id for p in graph.placeholders}
     for n in graph.nodes:
@@ -75,9 +76,11 @@ def _seen_outside(graph: Graph) -> str | None:
             continue
         if ops.draws_random_numbers(n.target, n.args, n.kwargs):
             return f"%{n.name} ({n.op}) draws random numbers"
+        if ops.is_collective(n.target):
+            continue  # the observed run makes its result locally (observe._local_stand_in); the plan calls it every call
         written = written_args(n)
         writes_inputs_only = bool(written) and all(isinstance(v, Node) and v.id in inputs for v in written)
-        if ops.is_collective(n.target) or (is_side_effect(n) and not writes_inputs_only):
+        if is_side_effect(n) and not writes_inputs_only:
             return f"%{n.name} ({n.op}) has effects outside the graph"
     return None
 

@@ -8,8 +8,9 @@
 * per node, its stream: ``node.stream`` (a tag) or the default stream (the caller's);
 * per node, the events its stream waits on before running it: one for every input produced on
   another stream, every waited-for node on another stream and, around ops with side effects
-  (in-place writes), the other streams' work before and after them, minus the waits already implied
-  by an earlier wait (tracked with vector clocks, so a stream never waits twice for what it knows).
+  (in-place writes), the other streams' work before and after them, for a collective the previous
+  collective issued on another stream (the ranks issue them in one order), minus the waits already
+  implied by an earlier wait (tracked with vector clocks, so a stream never waits twice for what it knows).
 
 Placeholders and constants belong to no stream: they exist before any stream starts.
 """
@@ -19,6 +20,7 @@ import dataclasses
 import operator
 
 from ..ir import Graph, Node, is_side_effect
+from ..ops import is_collective
 from ..waits import order_with_waits, resolve_waits
 
 __all__ = ["StreamPlan", "plan_streams", "DEFAULT_STREAM"]
@@ -69,16 +71,29 @@ def _barrier_waits(order: list, stream_of: dict) -> dict:
     barriers across streams: another stream may read the memory they write through a view the
     data edges do not show. A barrier waits for everything issued before it on every stream, and
     everything issued after it on other streams waits for it (the vector clocks drop the repeats).
+
+    Functional collectives are effects of another kind: they write only the tensors they return, so
+    they are no barriers (a collective on a side stream overlaps with the default stream's work,
+    its ``wait_tensor`` blocking only its own stream). What they need is order: every rank must
+    issue its collectives in the same order (a process group pairs the calls of the ranks by their
+    sequence), so a collective waits for the previous one issued on another stream, and the ranks'
+    threads cannot race them into another order.
     """
     out: dict[int, list] = {}
     last: dict[int, Node] = {}  # stream -> its latest node so far
     barrier: Node | None = None
+    collective: Node | None = None  # the last collective issued (wait_tensor only waits: it is not one)
     for n in order:
         s = stream_of[n.id]
         deps = []
         if barrier is not None and stream_of[barrier.id] != s:
             deps.append(barrier)
-        if is_side_effect(n):
+        if is_collective(n.target):
+            if n.target._opname != "wait_tensor":
+                if collective is not None and stream_of[collective.id] != s:
+                    deps.append(collective)
+                collective = n
+        elif is_side_effect(n):
             deps += [m for t, m in last.items() if t != s]
             barrier = n
         if deps:

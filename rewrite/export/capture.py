@@ -19,6 +19,7 @@ from ..fx_bridge import dynamo_input_names
 from ..gears import trace_conflicts
 from ..ir import Graph
 from ..persist.errors import ExportError
+from ..subclasses import flatten_inputs
 
 log = logging.getLogger("rewrite")
 
@@ -42,7 +43,11 @@ class _CaptureBackend(RewriteBackend):
         self.graphs: list[dict] = []
 
     def __call__(self, gm, example_inputs):
-        entry = {"example_inputs": list(example_inputs), "sources": dynamo_input_names(gm)}
+        sources = dynamo_input_names(gm)
+        # The optimized graph's inputs are AOTAutograd's: tensor subclasses (DTensor weights) flattened.
+        flat = flatten_inputs(list(example_inputs), sources)
+        entry = ({"example_inputs": list(example_inputs), "sources": sources} if flat is None
+                 else {"example_inputs": flat[0], "sources": flat[1]})
         self.graphs.append(entry)
         compiled = super().__call__(gm, example_inputs)
 

@@ -17,6 +17,7 @@ from ..ops import is_collective
 from ..persist.errors import ExportError
 from ..persist.format import FORMAT_VERSION, encode_graph, encode_meta
 from ..persist.weights import WeightWriter
+from ..subclasses import flatten, is_subclass
 from .signature import describe_inputs, describe_outputs
 
 if TYPE_CHECKING:  # capture imports Dynamo, which loading an export must not need
@@ -49,9 +50,15 @@ def _weight_name_from_source(source: str) -> str:
 
 
 def _named_weights(model: torch.nn.Module) -> dict[int, str]:
+    """id -> name of every parameter and buffer, and of the inner tensors of those that are tensor
+    subclasses (a DTensor's shard is ``{name}._local_tensor``: the graph holds the shard)."""
     names: dict[int, str] = {}
     for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
         names.setdefault(id(t), name)
+        if is_subclass(t):
+            for inner_name, inner in flatten(t, name):
+                if isinstance(inner, torch.Tensor):
+                    names.setdefault(id(inner), inner_name)
     return names
 
 
@@ -153,6 +160,8 @@ def _bind_inputs(g: Graph, cap: Captured, input_spec: dict, leaves: list, weight
             else:
                 raise ExportError(f"graph input {p.name} (Dynamo source {source}) is a size the exported model "
                                   "cannot compute from its arguments")
+        elif p.id not in read:
+            unread.append(p)  # an object the graph never reads: a DTensor's device mesh (its collectives name the group)
         else:
             raise ExportError(f"graph input {p.name} (Dynamo source {source}) of type {type(example).__name__} "
                               "is neither an argument of the model nor a weight")
