@@ -138,9 +138,13 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
                  plan.num_syncs, plan.describe())
         if program is None:
             return fn
-        if device.type == "cpu" and policy.tiers_up and not waits:
+        if device.type == "cpu" and policy.tiers_up:
             # Worker threads against the same graph on one stream, tiered up: the faster is kept (measured).
-            one_stream = program.executable(graph, compile_graph_to_python(graph), plannable=True)
+            # On one stream a wait only orders, and the graph's own order already honours every wait
+            # (Graph.validate), which is the order the plan follows.
+            plain = compile_graph_to_python(graph, order=order_with_waits(graph, waits)) if waits \
+                else compile_graph_to_python(graph)
+            one_stream = program.executable(graph, plain, plannable=True)
             if program.is_tiering_gear(one_stream):
                 from .stream_choice import StreamChoice
 
