@@ -78,8 +78,8 @@ def _process_times() -> dict[int, tuple[int, float]]:
     return out
 
 
-def _others_cpu_seconds() -> float:
-    """CPU seconds used so far by processes outside this process's tree (its children are its own work)."""
+def _others_cpu_seconds() -> dict[int, float]:
+    """{pid: CPU seconds so far} of the processes outside this process's tree (its children are its own work)."""
     times = _process_times()
     ours = {os.getpid()}
     grew = True
@@ -89,7 +89,7 @@ def _others_cpu_seconds() -> float:
             if ppid in ours and pid not in ours:
                 ours.add(pid)
                 grew = True
-    return sum(cpu for pid, (_, cpu) in times.items() if pid not in ours)
+    return {pid: cpu for pid, (_, cpu) in times.items() if pid not in ours}
 
 
 class MachineWatch:
@@ -104,7 +104,10 @@ class MachineWatch:
         """Average cores used by other processes since the start (None where /proc is missing)."""
         if self.others0 is None:
             return None
-        return (_others_cpu_seconds() - self.others0) / max(time.monotonic() - self.t0, 1e-9)
+        # Per process: what it used since the start (a process that ended meanwhile is not seen; one that
+        # started meanwhile counts whole).
+        used = sum(max(0.0, cpu - self.others0.get(pid, 0.0)) for pid, cpu in _others_cpu_seconds().items())
+        return used / max(time.monotonic() - self.t0, 1e-9)
 
     def line(self) -> str:
         cores = self.others_cores()
