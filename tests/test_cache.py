@@ -98,10 +98,12 @@ def test_two_writers_then_a_hit_in_a_fresh_process(tmp_path, mode):
     first = _run(tmp_path, mode, cache, n=2)  # two processes write the same entries at once: both succeed
     for report in first:
         assert report["equal"] == [True, True]
-        # Both miss what they compile first; in "function" mode the faster process may already have
-        # written the second function's entry when the slower one gets there (a hit, not a failure).
-        assert report["counters"].get("misses", 0) >= 1 and report["optimized"] > 0
-        assert report["counters"].get("hits", 0) <= (0 if mode == "graph" else 1)
+        # Each misses what it compiles first, unless the other process already wrote it when it looks
+        # (it starts later, say): a hit, not a failure. At least one of them wrote every entry.
+        hits, misses = report["counters"].get("hits", 0), report["counters"].get("misses", 0)
+        assert hits + misses == (1 if mode == "graph" else 2)
+        assert (report["optimized"] > 0) == (misses > 0)
+    assert any(report["counters"].get("misses", 0) >= 1 for report in first)
     found = _entries(cache)
     assert len(found) == (1 if mode == "graph" else 2) and all(isinstance(r, dict) for _, r in found)
     assert not [d for d, _, _ in os.walk(cache) if os.path.basename(d).startswith((".tmp-", ".trash-"))]
