@@ -209,6 +209,8 @@ def test_dynamo_export_defaults_write_export_file_and_load_runs_it(cwd):
         got = runner(x)
         got = got[0] if isinstance(got, (tuple, list)) else got
         torch.testing.assert_close(got, model(x))
+        with pytest.raises(rewrite.ExportError, match="expects dtype"):  # the top-level name of load's errors
+            runner(x.double())
     # The README: the files run in a fresh process without Dynamo or the model's code.
     torch.save(x, cwd / "x.pt")
     torch.save(model(x).detach(), cwd / "want.pt")
@@ -577,6 +579,7 @@ PUBLIC_TESTS = {
     "explain": test_explain_defaults,
     "dynamo_export": test_dynamo_export_defaults_write_export_file_and_load_runs_it,
     "load": test_dynamo_export_defaults_write_export_file_and_load_runs_it,
+    "ExportError": test_dynamo_export_defaults_write_export_file_and_load_runs_it,
     "inference.set_dim_gears": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
     "inference.get_dim_gears": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
     "inference.GearError": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
