@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rewrite  # noqa: E402
 import rewrite.scope as scope  # noqa: E402
 from rewrite import models  # noqa: E402
+from _results import markdown_table  # noqa: E402
 
 SEQ = 128
 DTYPE = torch.float16
@@ -181,15 +182,13 @@ def main() -> None:
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
             compile_row = [f"{r['compile'].get(label, float('nan')):.1f} s" for label in labels]
             rows.append([name + " (first calls, s)", batch] + compile_row)
-    head = ["model", "batch"] + labels
-    table = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
-    table += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    lines += table + ["", "Latency per call (median of interleaved rounds, CUDA events), speed-up over eager in "
+    lines += [markdown_table(["model", "batch"] + labels, rows), "", "Latency per call (median of interleaved rounds, CUDA events), speed-up over eager in "
                       "brackets; the '(first calls, s)' rows are the wall time of the first 12 calls (compile "
                       "and warm-up).", ""]
     stream_rows = [bench_streams(n) for n in ((256, 1024) if not args.quick else (1024,))]
-    lines += ["| two-branch model, n | one stream | stream scope | ratio |", "| --- | --- | --- | --- |"]
-    lines += [f"| {n} | {one * 1e3:.3f} ms | {two * 1e3:.3f} ms | {one / two:.2f}x |" for n, one, two in stream_rows]
+    lines.append(markdown_table(["two-branch model, n", "one stream", "stream scope", "ratio"],
+                                [[n, f"{one * 1e3:.3f} ms", f"{two * 1e3:.3f} ms", f"{one / two:.2f}x"]
+                                 for n, one, two in stream_rows]))
     lines += ["", f"load average {os.getloadavg()[0]:.2f} after"]
     text = "\n".join(lines)
     print(text)

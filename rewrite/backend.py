@@ -94,12 +94,11 @@ class RewriteBackend:
         number = next(_graph_numbers)
         gear_spec = rgears.collect_gear_specs(example_inputs, self.config, gm)
         frame = dynamo_code()  # the user's function Dynamo is compiling (None outside Dynamo)
-        names = dynamo_input_names(gm)
+        names = dynamo_input_names(gm, len(example_inputs))
         weights = [i for i, name in enumerate(names)
                    if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
         # Tensor subclasses (DTensor weights of a tensor-parallel model) reach the compiler flattened
         # by AOTAutograd: the graph's inputs are then these, and weights and gears are numbered in them.
-        names = names + [f"input {i}" for i in range(len(names), len(example_inputs))]
         flat = flatten_inputs(list(example_inputs), names)
         graph_inputs = list(example_inputs)
         if flat is not None:

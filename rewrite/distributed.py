@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from .ops import is_collective
+from .ops import is_collective, issues_collective
 
 __all__ = ["CollectiveError", "collectives_in", "guard_collectives"]
 
@@ -46,7 +46,7 @@ def collectives_in(graph) -> list:
     """The graph's collective calls other than ``wait_tensor``, as ``(op, group name)``, in order."""
     out = []
     for n in graph.nodes:
-        if n.kind != "call" or not is_collective(n.target) or n.target._opname == "wait_tensor":
+        if n.kind != "call" or not issues_collective(n.target):
             continue
         group = None
         for i, arg in enumerate(n.target._schema.arguments):

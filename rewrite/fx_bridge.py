@@ -39,16 +39,17 @@ def meta_from_val(val):
     return None
 
 
-def dynamo_input_names(gm: torch.fx.GraphModule) -> list[str]:
+def dynamo_input_names(gm: torch.fx.GraphModule | None, count: int = 0) -> list[str]:
     """What the user calls each input of a Dynamo graph: Dynamo's source name (``L['x']``,
-    ``L['self']._parameters['weight']``), or the placeholder's own name where Dynamo recorded none."""
+    ``L['self']._parameters['weight']``), or the placeholder's own name where Dynamo recorded none;
+    at least ``count`` names, ``input {i}`` for inputs past the graph's placeholders (or without a graph)."""
     names = []
-    for n in gm.graph.nodes:
+    for n in gm.graph.nodes if gm is not None else ():
         if n.op == "placeholder":
             name = getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
             name = name() if callable(name) else name
             names.append(name or n.name)
-    return names
+    return names + [f"input {i}" for i in range(len(names), count)]
 
 
 def argument_path(source: str) -> str:

@@ -34,7 +34,7 @@ __all__ = [
     "NO_DEFAULT", "dtype_str", "shape_key", "splat_key", "constant_key", "ContentIndex",
     "FLOATS", "INTS", "SIGNED_INTS", "ALL_DTYPES",
     "is_overload", "is_mutable", "is_nondeterministic", "draws_random_numbers",
-    "is_collective", "COLLECTIVE_NAMESPACES", "is_pointwise", "returns_view", "family_table", "overloads",
+    "is_collective", "issues_collective", "COLLECTIVE_NAMESPACES", "is_pointwise", "returns_view", "family_table", "overloads",
     "GEMMS", "ADD_MATMULS", "COMMUTATIVE", "COMPUTE_FAMILIES", "MEMORY_FAMILIES", "COST_FAMILIES",
 ]
 
@@ -265,6 +265,12 @@ COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functiona
 
 def is_collective(target) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target.namespace in COLLECTIVE_NAMESPACES
+
+
+def issues_collective(target) -> bool:
+    """A collective call the ranks must issue in one order (``all_reduce``, ``all_gather_into_tensor``...):
+    every functional collective but ``wait_tensor``, which only waits for one issued before."""
+    return is_collective(target) and target._opname != "wait_tensor"
 
 
 def draws_random_numbers(target, args: tuple, kwargs: dict) -> bool:

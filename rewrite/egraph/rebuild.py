@@ -13,7 +13,7 @@ inputs only at their tail, after every read, so no value may be computed between
 from __future__ import annotations
 
 from ..ir import Graph, Node, map_nodes, meta_of_value
-from ..ops import is_collective, is_nondeterministic, split_args, strip_defaults, target_from_name, target_name
+from ..ops import is_nondeterministic, issues_collective, split_args, strip_defaults, target_from_name, target_name
 from .decode import VALUE_OPS, Decoder
 from .load import Loaded
 from .snapshot import ENode, Snapshot
@@ -138,7 +138,7 @@ class Rebuilder:
         # group pairs the ranks' calls by sequence), and building the outputs first would issue them
         # in the order the outputs read them. Their waits are built where their results are needed.
         for n in pinned:
-            if n.id in side and is_collective(n.target) and n.target._opname != "wait_tensor":
+            if n.id in side and issues_collective(n.target):
                 self.build(self.class_of(n))
         outputs = map_nodes(self.source.outputs, self.output_value)
         effects = [self.class_of(n) for n in pinned if n.id in side]

@@ -20,7 +20,7 @@ from torch.fx.node import map_aggregate
 
 from ..fx_bridge import CompileError
 from ..ir import Graph, Node, SymMeta, TensorMeta
-from ..ops import is_collective
+from ..ops import is_collective, issues_collective
 
 __all__ = ["Layout", "TensorFact", "Observation", "observe", "synthesize_inputs", "layout_of"]
 
@@ -133,7 +133,7 @@ def _local_stand_in(n: Node, args) -> object:
     unrelated call. The plan needs the layouts and aliasing of the results, not their values:
     ``wait_tensor`` returns its argument, every other functional collective a new contiguous tensor
     (zeros of the node's static meta stand in for it)."""
-    if n.target._opname == "wait_tensor":
+    if not issues_collective(n.target):  # wait_tensor
         return args[0]
     metas = n.meta if isinstance(n.meta, (tuple, list)) else [n.meta]
     made = []

@@ -157,7 +157,7 @@ class PlannedProgram:
             return self._cuda_graphs(device).wrap(graph, fn)
         if not plannable or not graph.is_static():
             self.note(f"reduce-overhead: graph {graph.name} keeps its executor's own memory management "
-                       "(multi-stream, Inductor or dynamic shapes)")
+                      "(multi-stream, Inductor or dynamic shapes)")
             return fn
         why = unplannable(graph)
         if why is not None:
@@ -197,12 +197,12 @@ class PlannedProgram:
             gear._plan_on(args)
             self.materialize([gear])
             self.note(f"graph {gear.graph.name} tiered up after {self.policy.tier_up_calls} calls: planned memory, "
-                       f"{sum(p.kind == 'native' for p in gear.plan.nodes.values())} ops on static kernels")
+                      f"{sum(p.kind == 'native' for p in gear.plan.nodes.values())} ops on static kernels")
         except LockBusy as e:
             gear.cold_calls = max(self.policy.tier_up_calls, 1)
             if not gear.put_off:  # one note per gear, not one per try
                 self.note(f"graph {gear.graph.name} keeps its ATen code for now: {e}; it tries again after "
-                           f"{gear.cold_calls} calls")
+                          f"{gear.cold_calls} calls")
             gear.put_off += 1
         except Exception as e:  # noqa: BLE001 - the plain code is always correct; say why it stays
             self.note(f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})")

@@ -20,7 +20,7 @@ import dataclasses
 import operator
 
 from ..ir import Graph, Node, is_side_effect
-from ..ops import is_collective
+from ..ops import is_collective, issues_collective
 from ..waits import order_with_waits, resolve_waits
 
 __all__ = ["StreamPlan", "plan_streams", "DEFAULT_STREAM"]
@@ -88,12 +88,11 @@ def _barrier_waits(order: list, stream_of: dict) -> dict:
         deps = []
         if barrier is not None and stream_of[barrier.id] != s:
             deps.append(barrier)
-        if is_collective(n.target):
-            if n.target._opname != "wait_tensor":
-                if collective is not None and stream_of[collective.id] != s:
-                    deps.append(collective)
-                collective = n
-        elif is_side_effect(n):
+        if issues_collective(n.target):
+            if collective is not None and stream_of[collective.id] != s:
+                deps.append(collective)
+            collective = n
+        elif is_side_effect(n) and not is_collective(n.target):  # wait_tensor only waits, on its own stream
             deps += [m for t, m in last.items() if t != s]
             barrier = n
         if deps:

@@ -294,8 +294,7 @@ def _distinct(gears) -> list[dict]:
 def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
     """The gears recorded on the example inputs by `set_dim_gears`, merged; None when there are none."""
     _note_marks_read(example_inputs)
-    names = dynamo_input_names(gm) if gm is not None else []
-    names += [f"input {i}" for i in range(len(names), len(example_inputs))]
+    names = dynamo_input_names(gm, len(example_inputs))
     inputs = [InputGears(i, names[i], get_dim_gears(x), tuple(x.shape))
               for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
     if not inputs:
