@@ -1,0 +1,433 @@
+"""Zoo latency: rewrite against eager and Inductor across a mixed set of architectures, batch 1 and 8.
+
+The zoo's tiny random-weight `transformers` models (tests/zoo: encoders, decoders, encoder-decoders,
+vision, audio, multimodal; 2 layers, hidden 32) called with their keyword inputs (seed 0), static
+shapes, under ``torch.no_grad()``. Contenders, all timed in one process with interleaved rounds (the
+contenders take turns call by call: paired medians):
+
+* ``eager``;
+* ``inductor``: ``torch.compile(dynamic=False)``;
+* ``inductor-freezing``: the same with ``options={"freezing": True}``;
+* ``rewrite``: rewrite's default mode, ``CompilerConfig()`` as it comes;
+* ``rewrite-rules-off``: the same with the speed rules of optimizer.py's `ISSUE_RULES` disabled by name;
+* ``rewrite-ro-sk``: ``mode = "reduce-overhead"`` with static kernels built into a fresh folder.
+
+Each contender is compiled through a code object of its own (see `_own_code`). Its first call is its
+compile time; every contender then gets ``exec.tier_up_calls + 2`` warm-up calls (`WARMUP`), so the
+default mode has tiered up, and the slowest warm-up call of rewrite and rewrite-ro-sk is counted as
+their tier-up. Every contender's outputs are then compared with eager's (the zoo's `compare`): one
+that differs or raises is reported as FAIL / ERROR in its row and left out of the summaries. Compiles
+are cold (`cold_caches`). Before anything is compiled for an architecture and batch, eager is timed
+alone as well; a row whose interleaved eager median is more than 25% off it is marked ``!`` (the
+interleaving, or the machine, disturbed the timing).
+
+    .venv/bin/python benchmarks/zoo.py                                   # all of it: 20 archs x batch 1, 8
+    .venv/bin/python benchmarks/zoo.py --archs bert,resnet --batches 1 --repeat 3 --no-record
+
+Options: ``--archs a,b,c`` (default: `ARCHS`), ``--batches 1,8``, ``--repeat 30`` (timed rounds),
+``--no-record`` (print only). Only a full run (every default arch and batch) writes its section of
+RESULTS.md and benchmarks/zoo.png; a partial run prints its section. The raw rows always go to
+benchmarks/out/zoo.json.
+
+Why: issue 28, "rewrite never slower than eager, at or below Inductor across the zoo": optimizer.py's
+latency table shows a handful of models; this one shows whether that holds across architectures, and
+what rewrite's speed rules buy on each.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import types
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from _results import OUT_DIR, cold_caches, machine_line, markdown_table, record_section, save_plot  # noqa: E402
+from optimizer import ISSUE_RULES, WARMUP  # noqa: E402
+
+import rewrite  # noqa: E402
+from rewrite.backend import get_backend  # noqa: E402
+from tests.zoo import BY_NAME, compare, prepare_environment  # noqa: E402
+
+ARCHS = ["bert", "distilbert", "deberta_v2", "gpt2", "llama", "qwen2", "mistral", "phi", "t5", "bart",
+         "whisper_encoder", "wav2vec2", "vit", "swin", "convnext", "resnet", "mobilenet_v2", "efficientnet",
+         "segformer", "clip"]
+BATCHES = [1, 8]
+REPEAT = 30
+CONTENDERS = ("eager", "inductor", "inductor-freezing", "rewrite", "rewrite-rules-off", "rewrite-ro-sk")
+TIERED = ("rewrite", "rewrite-ro-sk")  # their slowest warm-up call is reported as their tier-up
+PLOTTED = ("inductor", "inductor-freezing", "rewrite", "rewrite-ro-sk")
+EAGER_DRIFT = 0.25  # eager alone vs interleaved: a larger relative difference flags the row
+RULES_SLOWER = 1.03  # rules on slower than rules off by more than this: listed
+
+
+def _own_code(model, tag: str):
+    """``model(**inputs)`` behind a code object of its own: each contender keeps its own Dynamo cache
+    (compiling one module five times shares its forward's cache, and every call of a later contender
+    would first run the guards of the earlier ones' entries)."""
+    def run(**inputs):
+        return model(**inputs)
+
+    code = run.__code__.replace(co_name=f"run_{tag}")
+    return types.FunctionType(code, run.__globals__, code.co_name, None, run.__closure__)
+
+
+def rewrite_config(contender: str, build_dir: str) -> rewrite.CompilerConfig:
+    config = rewrite.CompilerConfig()
+    if contender == "rewrite-rules-off":
+        config.rules.disabled = list(ISSUE_RULES)
+    if contender == "rewrite-ro-sk":
+        config.mode = "reduce-overhead"
+        config.experimental_config.aclgraph._aclnn_static_shape_kernel = True
+        config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = build_dir
+    return config
+
+
+def _compiled(model, contender: str, build_dir: str):
+    """(callable, rewrite backend or None) of one contender, not yet called."""
+    if contender == "eager":
+        return model, None
+    tag = contender.replace("-", "_")
+    if contender.startswith("inductor"):
+        options = {"freezing": True} if contender == "inductor-freezing" else None
+        return torch.compile(_own_code(model, tag), dynamic=False, options=options), None
+    if contender == "rewrite-ro-sk":
+        os.makedirs(build_dir, mode=0o700, exist_ok=True)  # a folder of this user's: rewrite refuses others
+    backend = get_backend(rewrite_config(contender, build_dir))
+    return torch.compile(_own_code(model, tag), backend=backend, dynamic=False), backend
+
+
+def _why(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}"[:200]
+
+
+def _median_alone(fn, inputs: dict, calls: int) -> float:
+    for _ in range(WARMUP):
+        fn(**inputs)
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn(**inputs)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def _timed_rounds(fns: dict, inputs: dict, rounds: int, status: dict) -> dict:
+    """Seconds of each live contender's calls, ``rounds`` rounds in which they take turns; one that
+    raises is marked ERROR in ``status`` and drops out."""
+    times = {c: [] for c in fns}
+    for _ in range(rounds):
+        for c, fn in fns.items():
+            if status[c][0] != "ok":
+                continue
+            try:
+                t0 = time.perf_counter()
+                fn(**inputs)
+                times[c].append(time.perf_counter() - t0)
+            except Exception as e:  # noqa: BLE001 - a crash is a result of that contender
+                status[c] = ("ERROR", _why(e))
+    return times
+
+
+def _tier_notes(backend) -> str:
+    """What rewrite's report says about its tier-up: '' when some graph tiered up and none fell back."""
+    notes = [n for g in backend.report.graphs for n in g.notes]
+    kept = [n for n in notes if "keeps its ATen code" in n or "without static kernels" in n]
+    if kept:
+        return "tier-up fell back: " + " | ".join(kept)[:200]
+    if not any("tiered up" in n for n in notes):
+        return "no graph tiered up"
+    return ""
+
+
+def run_one(arch_name: str, model, batch: int, repeat: int, build_dir: str) -> dict:
+    """One row: every contender on one architecture at one batch."""
+    arch = BY_NAME[arch_name]
+    inputs = arch.inputs(batch, 0)
+    row = {"arch": arch_name, "batch": batch, "ms": {}, "status": {}, "compile s": {}, "tier-up s": {},
+           "max diff": {}, "notes": {}}
+    with torch.no_grad():
+        want = model(**inputs)
+        row["eager alone ms"] = _median_alone(model, inputs, repeat) * 1e3
+        torch._dynamo.reset()
+        fns, backends = {}, {}
+        status = {c: ("ok", "") for c in CONTENDERS}
+        for c in CONTENDERS:  # compile: the first call
+            try:
+                fns[c], backends[c] = _compiled(model, c, os.path.join(build_dir, c))
+                t0 = time.perf_counter()
+                fns[c](**inputs)
+                row["compile s"][c] = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001
+                status[c] = ("ERROR", "compile: " + _why(e))
+                fns.pop(c, None)
+        warm = _timed_rounds(fns, inputs, WARMUP, status)
+        for c in TIERED:
+            if warm.get(c):
+                row["tier-up s"][c] = max(warm[c])
+        for c, fn in fns.items():  # every contender computes what eager computes, tiered up too
+            if status[c][0] != "ok":
+                continue
+            try:
+                ok, diff, why = compare(fn(**inputs), want)
+            except Exception as e:  # noqa: BLE001
+                status[c] = ("ERROR", "check: " + _why(e))
+                continue
+            row["max diff"][c] = diff
+            if not ok:
+                status[c] = ("FAIL", why[:200])
+        for c, b in backends.items():
+            if b is not None and status[c][0] == "ok" and c != "rewrite-ro-sk":
+                try:
+                    row["notes"][c] = _tier_notes(b)
+                except Exception as e:  # noqa: BLE001 - only a note
+                    row["notes"][c] = "report: " + _why(e)
+        samples = _timed_rounds(fns, inputs, repeat, status)
+    for c in CONTENDERS:
+        row["status"][c] = list(status[c])
+        row["ms"][c] = statistics.median(samples[c]) * 1e3 if status[c][0] == "ok" and samples.get(c) else None
+    del fns, backends
+    torch._dynamo.reset()
+    return row
+
+
+def error_row(arch_name: str, batch: int, why: str) -> dict:
+    return {"arch": arch_name, "batch": batch, "ms": {c: None for c in CONTENDERS}, "eager alone ms": None,
+            "status": {c: ["ERROR", why] for c in CONTENDERS}, "compile s": {}, "tier-up s": {}, "max diff": {},
+            "notes": {}}
+
+
+def zoo_rows(archs, batches, repeat: int) -> list[dict]:
+    rows = []
+    build_root = tempfile.mkdtemp(prefix="zoo-bench-static-kernels-")
+    try:
+        for name in archs:
+            try:
+                model = BY_NAME[name].model()
+            except Exception as e:  # noqa: BLE001
+                why = "model: " + _why(e)
+                for b in batches:
+                    rows.append(error_row(name, b, why))
+                    print(f"{name} b{b}: ERROR {why}", flush=True)
+                continue
+            for b in batches:
+                t0 = time.perf_counter()
+                try:
+                    row = run_one(name, model, b, repeat, os.path.join(build_root, f"{name}-b{b}"))
+                except Exception as e:  # noqa: BLE001 - eager itself failed: the whole row is an error
+                    row = error_row(name, b, _why(e))
+                    traceback.print_exc()
+                    torch._dynamo.reset()
+                row["seconds"] = time.perf_counter() - t0
+                rows.append(row)
+                print(_progress(row), flush=True)
+    finally:
+        shutil.rmtree(build_root, ignore_errors=True)
+    return rows
+
+
+def _progress(r: dict) -> str:
+    cells = []
+    for c in CONTENDERS:
+        st, why = r["status"][c]
+        cells.append(f"{c}={r['ms'][c]:.3f}ms" if st == "ok" else f"{c}={st} ({why[:60]})")
+    alone = r.get("eager alone ms")
+    return (f"{r['arch']} b{r['batch']}: eager alone={'-' if alone is None else f'{alone:.3f}ms'} "
+            + " ".join(cells) + f" [{r.get('seconds', 0):.0f} s]")
+
+
+# -- the section -------------------------------------------------------------------------------------------
+
+def _ok(r: dict, c: str) -> bool:
+    return r["status"][c][0] == "ok" and r["ms"][c] is not None
+
+
+def _ms(r: dict, c: str) -> str:
+    if _ok(r, c):
+        return f"{r['ms'][c]:.3f}"
+    st, why = r["status"][c]
+    return f"{st}: {why[:80]}".replace("|", "/")
+
+
+def _ratio(r: dict, a: str, b) -> float | None:
+    """ms of contender ``a`` over ms of ``b`` (a name, or a tuple: the best of them), None when one is missing."""
+    if not _ok(r, a):
+        return None
+    bs = [c for c in ((b,) if isinstance(b, str) else b) if _ok(r, c)]
+    return r["ms"][a] / min(r["ms"][c] for c in bs) if bs else None
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _drift(r: dict) -> bool:
+    alone = r.get("eager alone ms")
+    return bool(alone) and _ok(r, "eager") and abs(r["ms"]["eager"] / alone - 1) > EAGER_DRIFT
+
+
+def _compile_cell(r: dict) -> str:
+    cs, tu = r["compile s"], r["tier-up s"]
+
+    def s(c: str, tier: bool = False) -> str:
+        if c not in cs:
+            return "-"
+        return f"{cs[c]:.1f}" + (f" + {tu[c]:.2f}" if tier and c in tu else "")
+    return ", ".join([s("inductor"), s("inductor-freezing"), s("rewrite", True), s("rewrite-ro-sk", True)])
+
+
+def _geomean(vals) -> str:
+    vals = [v for v in vals if v is not None]
+    return f"{math.exp(sum(math.log(v) for v in vals) / len(vals)):.2f}x over {len(vals)} rows" if vals else "-"
+
+
+def _label(r: dict) -> str:
+    return f"{r['arch']} b{r['batch']}"
+
+
+def _summary(rows: list[dict], batch: int) -> list[str]:
+    rs = [r for r in rows if r["batch"] == batch]
+    both = [r for r in rs if _ratio(r, "rewrite", "inductor") is not None]
+    not_below = [_label(r) for r in both if r["ms"]["rewrite"] > r["ms"]["inductor"]]
+    slower_eager = [f"{_label(r)} ({_x(_ratio(r, 'rewrite', 'eager'))})" for r in rs
+                    if (_ratio(r, "rewrite", "eager") or 0) > 1]
+    rules_hurt = [f"{_label(r)} ({_x(_ratio(r, 'rewrite', 'rewrite-rules-off'))})" for r in rs
+                  if (_ratio(r, "rewrite", "rewrite-rules-off") or 0) > RULES_SLOWER]
+    comp = [r for r in rs if {"rewrite", "inductor"} <= r["compile s"].keys() and _ok(r, "rewrite")]
+    half = [r for r in comp if r["compile s"]["rewrite"] + r["tier-up s"].get("rewrite", 0.0)
+            <= r["compile s"]["inductor"] / 2]
+    return [
+        f"- batch {batch}: geomean rewrite / inductor: {_geomean(_ratio(r, 'rewrite', 'inductor') for r in rs)}; "
+        f"rewrite / best Inductor: {_geomean(_ratio(r, 'rewrite', ('inductor', 'inductor-freezing')) for r in rs)}; "
+        f"rewrite-ro-sk / inductor: {_geomean(_ratio(r, 'rewrite-ro-sk', 'inductor') for r in rs)}",
+        f"  - rewrite at or below Inductor's default: {len(both) - len(not_below)}/{len(both)} rows"
+        f" (not: {', '.join(not_below) or 'none'})",
+        f"  - rewrite slower than eager: {', '.join(slower_eager) or 'none'}",
+        f"  - rules on slower than rules off by more than {round((RULES_SLOWER - 1) * 100)}%: "
+        f"{', '.join(rules_hurt) or 'none'}",
+        f"  - rewrite's compile + tier-up at most half of Inductor default's compile: {len(half)}/{len(comp)} rows",
+    ]
+
+
+def command_line(args) -> str:
+    cmd = ".venv/bin/python benchmarks/zoo.py"
+    if args.archs != ",".join(ARCHS):
+        cmd += f" --archs {shlex.quote(args.archs)}"
+    if args.batches != ",".join(map(str, BATCHES)):
+        cmd += f" --batches {shlex.quote(args.batches)}"
+    return cmd + f" --repeat {args.repeat}" + (" --no-record" if args.no_record else "")
+
+
+def zoo_section(rows: list[dict], args) -> str:
+    headers = ["arch", "batch", "eager ms (alone / interleaved)", *(f"{c} ms" for c in CONTENDERS[1:]),
+               "rewrite / best Inductor", "rewrite / eager", "rules on vs off",
+               "compile s (inductor, freezing, rewrite + tier-up, ro-sk + tier-up)"]
+    table_rows = []
+    for r in rows:
+        alone = r.get("eager alone ms")
+        eager = f"{'-' if alone is None else f'{alone:.3f}'} / {_ms(r, 'eager')}" + (" !" if _drift(r) else "")
+        table_rows.append([r["arch"], r["batch"], eager, *(_ms(r, c) for c in CONTENDERS[1:]),
+                           _x(_ratio(r, "rewrite", ("inductor", "inductor-freezing"))),
+                           _x(_ratio(r, "rewrite", "eager")), _x(_ratio(r, "rewrite-rules-off", "rewrite")),
+                           _compile_cell(r)])
+    drifted = [_label(r) for r in rows if _drift(r)]
+    untiered = [f"{_label(r)}: {r['notes']['rewrite']}" for r in rows if r["notes"].get("rewrite")]
+    frozen = rewrite.CompilerConfig().experimental_config.frozen_parameter
+    out = [
+        "## Zoo: latency across architectures (benchmarks/zoo.py)",
+        "",
+        f"Command: `{command_line(args)}`",
+        "",
+        machine_line(),
+        f"Medians of {args.repeat} interleaved rounds (the contenders take turns call by call) in ms, after "
+        f"{WARMUP} warm-up calls each, so rewrite is past its tier-up; tiny random-weight zoo models "
+        "(tests/zoo), keyword inputs of seed 0, static shapes, no_grad; weights frozen only for "
+        f"inductor-freezing (rewrite's default config: frozen_parameter={frozen}); cold compiles (Inductor's "
+        "FX graph cache off, fresh kernel folders). 'rewrite-rules-off': config.rules.disabled = "
+        f"{ISSUE_RULES}; 'rewrite-ro-sk': mode reduce-overhead with static kernels. 'rules on vs off': "
+        "rules-off ms / rewrite ms (above 1: the rules help). Compile: the first call; for rewrite and ro-sk "
+        "+ the slowest warm-up call (the tier-up). FAIL / ERROR: outputs off eager's (tests/zoo's tolerance) "
+        "or an exception; left out of the summaries.",
+        "",
+        markdown_table(headers, table_rows),
+        "",
+    ]
+    if drifted:
+        out += [f"! eager's interleaved median is more than {round(EAGER_DRIFT * 100)}% off eager timed alone: "
+                f"{', '.join(drifted)} (the timing of these rows was disturbed).", ""]
+    if untiered:
+        out += ["rewrite did not tier up everywhere: " + "; ".join(untiered), ""]
+    for b in sorted({r["batch"] for r in rows}):
+        out += _summary(rows, b)
+    out += ["", "Plot: benchmarks/zoo.png"]
+    return "\n".join(out)
+
+
+def zoo_plot(rows: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(len(batches), 1, figsize=(14, 4 * len(batches)), squeeze=False)
+    width = 0.8 / len(PLOTTED)
+    for ax, b in zip(axes[:, 0], batches):
+        rs = [r for r in rows if r["batch"] == b]
+        for k, c in enumerate(PLOTTED):
+            ax.bar([i + k * width for i in range(len(rs))],
+                   [_ratio(r, c, "eager") or float("nan") for r in rs], width, label=c)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rs))], [r["arch"] for r in rs], fontsize=7,
+                      rotation=45, ha="right")
+        ax.set_yscale("log")
+        ax.set_ylabel("latency / eager (lower is faster)")
+        ax.set_title(f"zoo, batch {b}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_plot(fig, "zoo.png")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--archs", default=",".join(ARCHS), help="architectures of tests/zoo, comma separated")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--repeat", type=int, default=REPEAT, help="timed rounds")
+    ap.add_argument("--no-record", action="store_true", help="print the section only: neither RESULTS.md nor the plot")
+    args = ap.parse_args()
+    archs = [a for a in args.archs.split(",") if a]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    unknown = [a for a in archs if a not in BY_NAME]
+    if unknown:
+        ap.error(f"unknown architectures: {unknown} (see tests/zoo/archs.py)")
+    logging.getLogger("rewrite").setLevel(logging.ERROR)
+    prepare_environment()  # offline, quiet transformers
+    torch._dynamo.config.cache_size_limit = 64
+    cold_caches()
+
+    rows = zoo_rows(archs, batches, args.repeat)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    with open(os.path.join(OUT_DIR, "zoo.json"), "w") as f:
+        json.dump({"command": command_line(args), "machine": machine_line(), "rows": rows}, f, indent=1)
+    section = zoo_section(rows, args)
+    print(section)
+    full = set(ARCHS) <= set(archs) and set(BATCHES) <= set(batches)
+    if full and not args.no_record:
+        zoo_plot(rows)
+        record_section("zoo", section)
+
+
+if __name__ == "__main__":
+    main()
