@@ -56,6 +56,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 _SECONDS = (1e-9, 0.1)     # bounds of a plausible overhead
 _RATE = (1e3, 1e16)        # bounds of a plausible flops/s or bytes/s
 _SPEED = (1e-3, 1e3)       # bounds of a dtype's speed relative to float32
+KERNEL_TIMES_ENV = "REWRITE_KERNEL_TIMES"  # "0": no kernel measured at a graph's shapes, the rates alone
 
 
 class CalibrationError(ValueError):
@@ -77,6 +78,9 @@ class Calibration:
     threads: int                      # intra-op threads the process runs with
     parallel: float = 1.0             # speed-up of a large kernel on ``threads`` threads over one
     source: str = "default"           # "default", "measured", or the cache file it came from
+    # The process's calibration measures GEMM and attention kernels at a graph's own static shapes
+    # (`rewrite.kernel_times`); None (the default, and any calibration a caller builds): the rates alone.
+    kernel_times: object = None
 
     def as_json(self) -> dict:
         return {"dispatch_s": self.dispatch_s, "view_s": self.view_s,
@@ -351,7 +355,7 @@ def calibrate(folder: str | None = None, quick: bool = False) -> tuple[Calibrati
         log.warning("cost model: cannot write %s (%s); the calibration is kept for this process only", path, e)
         path = None
     with _lock:
-        _process["cal"] = cal
+        _process["cal"] = _with_kernel_times(cal)
     return cal, path
 
 
@@ -377,8 +381,18 @@ def current() -> Calibration:
     with _lock:
         cal = _process.get("cal")
         if cal is None or cal.threads != torch.get_num_threads():
-            cal = _process["cal"] = _load_or_measure()
+            cal = _process["cal"] = _with_kernel_times(_load_or_measure())
     return cal
+
+
+def _with_kernel_times(cal: Calibration) -> Calibration:
+    """``cal`` with this machine's measured kernel times (`rewrite.kernel_times`), unless
+    ``REWRITE_KERNEL_TIMES=0`` asks for the rates alone."""
+    if os.environ.get(KERNEL_TIMES_ENV) == "0":
+        return cal
+    from .kernel_times import KernelTimes
+
+    return dataclasses.replace(cal, kernel_times=KernelTimes.for_this_machine(cache_key()))
 
 
 def _load_or_measure() -> Calibration:

@@ -161,7 +161,17 @@ def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Grap
     # x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice.
     report.count("fresh_outputs", keep_outputs_fresh(original, graph))
     report.predicted_cost = (report.predicted_cost[0], graph_cost(graph))
+    _save_kernel_times()
     return graph
+
+
+def _save_kernel_times() -> None:
+    """Keep the kernels this optimization measured at its shapes for the next process (rewrite.kernel_times)."""
+    from .calibration import current
+
+    times = current().kernel_times
+    if times is not None:
+        times.save()
 
 
 def run_passes(graph: Graph, config: CompilerConfig, report: GraphReport, rulesets=()) -> bool:

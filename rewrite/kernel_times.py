@@ -1,0 +1,210 @@
+"""The compute kernels' seconds at the exact shapes of a graph, measured on this machine.
+
+`rewrite.calibration` fits one rate per op family on a few sizes. That is close enough to order
+most choices, but the forms the speed rules produce (a merged QKV GEMM and its split, oneDNN's
+fused linear, an attention kernel) win or lose against the rules-off form by a few percent at the
+graph's own shapes, where a fitted rate can be off by more (issue 28: rules on vs off measured
+0.93x where the model predicted 1.16x). So where the shapes are static and the kernel's inputs
+are all tensors, the cost model asks this module: the kernel is run on random tensors of those
+shapes, on the process's threads, and the fastest of a few short batches is its cost; extraction
+then compares the merged and the separate forms by what they take here.
+
+What is measured: `MEASURED` (GEMMs, fused linears, attention), on the CPU, float dtypes, inputs
+of at most `MAX_BYTES`; anything else, symbolic sizes, or a call whose tensors cannot be told
+apart from its metas alone (``mm(x, x)``) is left to the family model (`seconds` returns None).
+A fused linear is measured without its post-op (which operands alone do not name) and is charged
+the post-op's pass over its output at the pointwise rate, without a dispatch.
+
+Each kernel is measured once per machine: figures go to a JSON file beside the cost model's (same
+key: CPU, cores, torch version, threads) and are read back as hostile input (a regular file of this
+user's, mode 0600, bounded, every entry a bounded finite number; anything else is logged and
+ignored). A process measures for at most `BUDGET_S` seconds in all; after that the model answers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+
+import torch
+
+from . import ops
+from .ir import TensorMeta
+from .persist.atomic import atomic_write_text
+from .persist.folders import user_cache_dir
+from .persist.reading import read_regular
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["KernelTimes", "MEASURED", "BUDGET_S", "MAX_BYTES", "signature"]
+
+BUDGET_S = 10.0             # a process's measuring time in all (the first compiles on a machine pay it)
+MAX_BYTES = 256 << 20       # inputs and output of one measured call
+MAX_ENTRIES = 8192          # kept in the file
+MAX_FILE_BYTES = 2 << 20
+_SECONDS = (1e-8, 10.0)     # a plausible kernel time
+_BATCH_S = 0.5e-3           # one timed batch at least this long (short kernels: several calls)
+_BATCHES = 5
+FORMAT = 1
+
+aten = torch.ops.aten
+_FLASH_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
+_LINEAR_POINTWISE = next((t for t in ops.FUSED_LINEARS if ops.target_name(t).endswith("_linear_pointwise.default")),
+                         None)  # oneDNN's fused linear, where this build has it
+
+
+def _call_plan(target, in_metas: list):
+    """(function of the input tensors, how many tensors it takes) for a target this module measures."""
+    if target in (aten.mm.default, aten.bmm.default, aten.matmul.default):
+        return (lambda a, b: target(a, b)), (2,)
+    if target in (aten.addmm.default, aten.baddbmm.default):
+        return (lambda c, a, b: target(c, a, b)), (3,)
+    if target is aten.linear.default:
+        return (lambda x, w, b=None: target(x, w, b)), (2, 3)
+    if _LINEAR_POINTWISE is not None and target is _LINEAR_POINTWISE:
+        return (lambda x, w, b=None: target(x, w, b, "none", [], "")), (2, 3)
+    if target in (aten.scaled_dot_product_attention.default, _FLASH_CPU):
+        return (lambda q, k, v, mask=None: aten.scaled_dot_product_attention.default(q, k, v, attn_mask=mask)), (3, 4)
+    return None
+
+
+MEASURED = frozenset(t for t in (aten.mm.default, aten.bmm.default, aten.matmul.default, aten.addmm.default,
+                                 aten.baddbmm.default, aten.linear.default, _LINEAR_POINTWISE,
+                                 aten.scaled_dot_product_attention.default, _FLASH_CPU) if t is not None)
+
+
+def signature(target, in_metas: list) -> str | None:
+    """The file's key of one call (op and input metas), or None when it is not measured here."""
+    if target not in MEASURED or not in_metas:
+        return None
+    parts = []
+    for m in in_metas:
+        if not isinstance(m, TensorMeta) or not m.is_static() or m.device.type != "cpu" \
+                or not (m.dtype.is_floating_point or m.dtype == torch.bool):
+            return None
+        parts.append(f"{ops.dtype_str(m.dtype)}[{','.join(str(int(s)) for s in m.shape)}]")
+    return f"{ops.target_name(target)}({';'.join(parts)})"
+
+
+def _nbytes(m: TensorMeta) -> int:
+    return math.prod(int(s) for s in m.shape) * m.dtype.itemsize
+
+
+class KernelTimes:
+    """Measured seconds per call signature; one per process (`for_this_machine`), thread-safe."""
+
+    def __init__(self, path: str | None, budget_s: float = BUDGET_S):
+        self.path = path
+        self.budget_s = budget_s
+        self.spent_s = 0.0
+        self.lock = threading.Lock()
+        self.times: dict[str, float] = self._read() if path else {}
+        self.unsaved = 0
+
+    @classmethod
+    def for_this_machine(cls, key: dict) -> "KernelTimes":
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return cls(os.path.join(user_cache_dir(), f"kernel-times-{digest}.json"))
+
+    def seconds(self, target, out_meta, in_metas: list) -> float | None:
+        """Measured seconds of ``target`` on tensors of ``in_metas`` (None: not measured here)."""
+        key = signature(target, in_metas)
+        if key is None:
+            return None
+        t = self.times.get(key)
+        if t is None:
+            plan = _call_plan(target, in_metas)
+            size = sum(_nbytes(m) for m in in_metas) + sum(_nbytes(m) for m in _tensor_metas(out_meta))
+            if plan is None or len(in_metas) not in plan[1] or size > MAX_BYTES:
+                return None
+            with self.lock:
+                t = self.times.get(key)
+                if t is None:
+                    if self.spent_s >= self.budget_s:
+                        return None
+                    t = self._measure(key, plan[0], in_metas)
+                    if t is None:
+                        return None
+        if target is _LINEAR_POINTWISE:  # the post-op's pass over the output, fused: no dispatch of its own
+            from .cost import pointwise_pass
+
+            t += pointwise_pass(out_meta)
+        return t
+
+    def _measure(self, key: str, fn, in_metas: list) -> float | None:
+        start = time.perf_counter()
+        try:
+            with torch.no_grad(), torch._subclasses.fake_tensor.unset_fake_temporarily():
+                gen = torch.Generator().manual_seed(0)
+                args = [torch.rand([int(s) for s in m.shape], generator=gen) < 0.9 if m.dtype == torch.bool
+                        else torch.randn([int(s) for s in m.shape], generator=gen, dtype=m.dtype) for m in in_metas]
+                fn(*args)  # warm-up: first-call allocations, oneDNN primitive creation
+                t0 = time.perf_counter()
+                fn(*args)
+                one = max(time.perf_counter() - t0, 1e-7)
+                calls = max(1, int(_BATCH_S / one))
+                best = one
+                for _ in range(_BATCHES if one < 0.01 else 2):
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fn(*args)
+                    best = min(best, (time.perf_counter() - t0) / calls)
+        except Exception as e:  # noqa: BLE001 - a kernel that refuses random inputs is priced by the model
+            log.debug("kernel times: %s not measured (%s: %s)", key, type(e).__name__, e)
+            return None
+        finally:
+            self.spent_s += time.perf_counter() - start
+        best = min(max(best, _SECONDS[0]), _SECONDS[1])
+        self.times[key] = best
+        self.unsaved += 1
+        return best
+
+    def save(self) -> None:
+        """Merge the new figures into the file (atomically); a failure is logged, the figures stay in memory."""
+        with self.lock:
+            if not self.path or not self.unsaved:
+                return
+            merged = {**self._read(), **self.times}
+            if len(merged) > MAX_ENTRIES:
+                merged = dict(list(merged.items())[-MAX_ENTRIES:])
+            try:
+                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+                atomic_write_text(self.path, json.dumps({"format": FORMAT, "times": merged}, sort_keys=True))
+                self.unsaved = 0
+            except OSError as e:
+                log.info("kernel times: cannot write %s (%s); kept for this process", self.path, e)
+
+    def _read(self) -> dict[str, float]:
+        if not os.path.lexists(self.path):
+            return {}
+        try:
+            raw = read_regular(self.path, max_size=MAX_FILE_BYTES, private=True)
+            doc = json.loads(raw.decode("utf-8"))
+            return _valid(doc)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            log.warning("kernel times: ignoring %s (%s); measuring again", self.path, e)
+            return {}
+
+
+def _valid(doc) -> dict[str, float]:
+    """The ``times`` of a file's JSON, checked: exactly {format, times}, keys short strings, values in bounds."""
+    if not isinstance(doc, dict) or set(doc) != {"format", "times"} or doc["format"] != FORMAT:
+        raise ValueError(f"expected {{'format': {FORMAT}, 'times': {{...}}}}")
+    times = doc["times"]
+    if not isinstance(times, dict) or len(times) > MAX_ENTRIES:
+        raise ValueError(f"field times must be an object of at most {MAX_ENTRIES} entries")
+    for k, v in times.items():
+        if len(k) > 1000 or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not _SECONDS[0] <= v <= _SECONDS[1]:
+            raise ValueError(f"entry {k[:80]!r}: {v!r} is not seconds in [{_SECONDS[0]}, {_SECONDS[1]}]")
+    return {k: float(v) for k, v in times.items()}
+
+
+def _tensor_metas(meta):
+    from .ir import iter_metas
+
+    return [m for m in iter_metas(meta) if isinstance(m, TensorMeta) and m.is_static()]
