@@ -168,6 +168,22 @@ def _tier_notes(backend) -> str:
     return ""
 
 
+FORM_OPS = ("aten.split.Tensor", "aten.split_with_sizes.default", "mkldnn._linear_pointwise.default",
+            "aten.addmm.default", "aten.mm.default", "aten.convolution.default")
+
+
+def _forms(backend) -> dict:
+    """Counts of the ops the speed rules trade (merged GEMMs leave splits, fused linears) over the
+    compiled graphs, and their predicted cost after optimization in microseconds."""
+    counts: dict = {}
+    cost = 0.0
+    for g in backend.report.graphs:
+        for op in FORM_OPS:
+            counts[op] = counts.get(op, 0) + g.ops_after.get(op, 0)
+        cost += (g.predicted_cost or (0.0, 0.0))[1] or 0.0
+    return {**{k: v for k, v in counts.items() if v}, "predicted us": round(cost * 1e6, 1)}
+
+
 def run_one(arch_name: str, model, batch: int, repeat: int, build_dir: str) -> dict:
     """One row: every contender on one architecture at one batch."""
     arch = BY_NAME[arch_name]
@@ -204,6 +220,9 @@ def run_one(arch_name: str, model, batch: int, repeat: int, build_dir: str) -> d
             row["max diff"][c] = diff
             if not ok:
                 status[c] = ("FAIL", why[:200])
+        for c, b in backends.items():  # which forms extraction kept: so a rules-on/off gap can be told from noise
+            if b is not None:
+                row.setdefault("forms", {})[c] = _forms(b)
         for c, b in backends.items():
             if b is not None and status[c][0] == "ok" and c != "rewrite-ro-sk":
                 try:
@@ -321,14 +340,24 @@ def _best_ratio(r: dict) -> float | None:
     return min(ours) / min(theirs) if ours and theirs else None
 
 
+def _forms_pair(r: dict) -> str:
+    forms = r.get("forms", {})
+    on, off = forms.get("rewrite-frozen"), forms.get("rewrite-frozen-rules-off")
+    if not on or not off:
+        return "forms not recorded"
+    short = {k.split(".")[-2] if k.count(".") > 1 else k: v for k, v in on.items()}
+    return (f"rules on: {', '.join(f'{k} {v}' for k, v in short.items())}; rules off: predicted us "
+            f"{off.get('predicted us')}")
+
+
 def _summary(rows: list[dict], batch: int) -> list[str]:
     rs = [r for r in rows if r["batch"] == batch]
     both = [r for r in rs if _ratio(r, "rewrite", "inductor") is not None]
     not_below = [_label(r) for r in both if r["ms"]["rewrite"] > r["ms"]["inductor"]]
     slower_eager = [f"{_label(r)} ({_x(_ratio(r, 'rewrite', 'eager'))})" for r in rs
                     if (_ratio(r, "rewrite", "eager") or 0) > 1]
-    rules_hurt = [f"{_label(r)} ({_x(_ratio(r, 'rewrite-frozen', 'rewrite-frozen-rules-off'))})" for r in rs
-                  if (_ratio(r, "rewrite-frozen", "rewrite-frozen-rules-off") or 0) > RULES_SLOWER]
+    rules_hurt = [f"{_label(r)} ({_x(_ratio(r, 'rewrite-frozen', 'rewrite-frozen-rules-off'))}; {_forms_pair(r)})"
+                  for r in rs if (_ratio(r, "rewrite-frozen", "rewrite-frozen-rules-off") or 0) > RULES_SLOWER]
     comp = [r for r in rs if {"rewrite", "inductor"} <= r["compile s"].keys() and _ok(r, "rewrite")]
     half = [r for r in comp if r["compile s"]["rewrite"] + r["tier-up s"].get("rewrite", 0.0)
             <= r["compile s"]["inductor"] / 2]

@@ -28,7 +28,8 @@ from .cost import graph_cost
 from .egraph import Limits, run_egraph
 from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
-from .passes import apply_computed_rules, dedup_constants, eliminate_dead_edges, fold_constants, fold_sizes
+from .passes import (apply_computed_rules, dedup_constants, eliminate_dead_edges, fold_constants, fold_sizes,
+                     reinplace_buffer_updates)
 from .report import GraphReport
 from .rules import LIBRARY, check_user_rulesets, left_out, without
 
@@ -160,6 +161,8 @@ def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Grap
         views_as_reshapes(graph)
     # x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice.
     report.count("fresh_outputs", keep_outputs_fresh(original, graph))
+    # Last: the e-graph and the sweep see functional updates (a buffer's write-back is a pinned effect).
+    report.count("reinplace", reinplace_buffer_updates(graph))
     report.predicted_cost = (report.predicted_cost[0], graph_cost(graph))
     _save_kernel_times()
     return graph

@@ -8,5 +8,7 @@ from .computed_rules import apply_computed_rules
 from .dead_edge import eliminate_dead_edges
 from .dedup import dedup_constants
 from .folding import fold_constants, fold_sizes
+from .reinplace import reinplace_buffer_updates
 
-__all__ = ["apply_computed_rules", "eliminate_dead_edges", "dedup_constants", "fold_constants", "fold_sizes"]
+__all__ = ["apply_computed_rules", "eliminate_dead_edges", "dedup_constants", "fold_constants", "fold_sizes",
+           "reinplace_buffer_updates"]
