@@ -24,6 +24,7 @@ import re
 
 import torch
 
+from .. import ops
 from ..ir import Graph, Node, TensorMeta, map_nodes
 from .codegen import Emitter, compile_graph_to_python, safe_name
 from .memory import ArenaPool
@@ -162,6 +163,7 @@ class PlannedExecutable:
         body: list[str] = []
         guards: set[int] = set()
         run: _Run | None = None
+        elided = self._elided_views()
         for i, n in enumerate(g.nodes):
             p = plan.nodes.get(i)
             if n.kind != "call":
@@ -171,6 +173,9 @@ class PlannedExecutable:
             if p.kind in ("fixed", "alias"):
                 if i not in self._fixed:  # an alias of a per-call value
                     names[n.id] = names[g.nodes[p.alias_of].id]
+                continue
+            if i in elided:  # its static-kernel readers take its base's address (see _elided_views)
+                names[n.id] = names[n.args[0].id]
                 continue
             if p.kind == "native":
                 if run is None:
@@ -206,6 +211,32 @@ class PlannedExecutable:
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         exec(compile(src, filename, "exec"), em.globals)
         return src, em.globals[fname]
+
+    def _elided_views(self) -> set:
+        """Per-call views read by static kernels only, that need not be made at all.
+
+        A weight transposed for a GEMM (``mm(x, permute(w))``: the default mode without frozen weights)
+        is a per-call op, so it costs an ATen call and splits the run of kernels around it in two.
+        A static kernel only needs the address of its operand and bakes in its strides; for these views
+        the address is their base's (the storage offset stays), and their layout follows from the
+        base's, which `_inputs_reaching` guards per call. So no tensor is made: the kernels read the
+        base's address."""
+        g, plan = self.graph, self.plan
+        readers: dict[int, list[int]] = {}
+        for j, m in enumerate(g.nodes):
+            for a in m.inputs:
+                readers.setdefault(a.id, []).append(j)
+        outputs = {a.id for a in g.output.inputs}
+        out = set()
+        for i, n in enumerate(g.nodes):
+            p = plan.nodes.get(i)
+            if p is None or p.kind != "call" or i in self._fixed or n.target not in _SAME_ADDRESS_VIEWS \
+                    or not n.args or not isinstance(n.args[0], Node) or n.id in outputs or n.waits:
+                continue
+            users = readers.get(n.id, [])
+            if users and all(plan.nodes.get(j) is not None and plan.nodes[j].kind == "native" for j in users):
+                out.add(i)
+        return out
 
     def _out_call(self, i: int, n: Node, em) -> str:
         op, out_names = out_variant(n.target, _device_type(self.graph))
@@ -306,6 +337,9 @@ class PlannedExecutable:
 
 
 _VALUE = re.compile(r"\bv\d+(?:_\d+)?\b")
+# Views whose result starts where their input does (same data pointer, other sizes and strides).
+_SAME_ADDRESS_VIEWS = frozenset(t for t in ops.VIEWS if ops.target_name(t).split(".")[1] in (
+    "view", "_unsafe_view", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze", "alias", "detach"))
 
 
 def _drop_dead(body: list, keep: set) -> list:
