@@ -283,3 +283,34 @@ def test_mpt_with_a_padding_mask_matches_eager_after_the_tier_up():
         for call in range(10):  # 8 calls of ATen code, then the tier-up to the plan and static kernels
             got = compiled(ids, attention_mask=mask).logits
             torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL, msg=lambda m, c=call: f"call {c}: {m}")
+
+
+def test_transposed_weights_of_unfrozen_linears_are_not_made_per_call(monkeypatch):
+    """Without frozen weights a linear is mm(x, permute(w)): the tiered code hands the static GEMM
+    the weight's own address instead of making the transposed view each call, and stays right when
+    the caller changes the weights in place or passes another input layout."""
+    from rewrite.exec import planned
+
+    made = []
+    real_init = planned.PlannedExecutable.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(planned.PlannedExecutable, "__init__", spy)
+    model = _Block().eval()
+    compiled, backend = _compile(model, calls=1, frozen=False)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
+        assert made and _tiered(backend)
+        if compiler.compiler_available():
+            elided = {n.op for p in made for i, n in enumerate(p.graph.nodes) if i in p._elided_views()}
+            assert "aten.permute.default" in elided
+            assert "permute" not in made[0].source
+        model.a.weight.mul_(2.0)  # the weights stay the caller's: a change shows in the next call
+        torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
+        xt = torch.randn(32, 4).t()  # another input layout: the guarded strides send it to the plain code
+        torch.testing.assert_close(compiled(xt), model(xt), atol=ATOL, rtol=RTOL)
