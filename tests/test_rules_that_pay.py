@@ -60,10 +60,12 @@ def test_inexact_rules_declare_it_and_fail_bit_exact_checking():
 
 # -- real models ------------------------------------------------------------------------------------
 
-def _compile(model, *args, disabled=()):
+def _compile(model, *args, disabled=(), tier_up_calls=None):
     config = CompilerConfig()
     config.experimental_config.frozen_parameter = True
     config.rules.disabled = list(disabled)
+    if tier_up_calls is not None:
+        config.exec.tier_up_calls = tier_up_calls
     with torch.no_grad(), calibration.use(FIXED):
         want = model(*args)
         report = rewrite.explain(model, *args, config=config)
@@ -77,7 +79,8 @@ def _fired(report, *names):
 
 
 def test_bert_merges_qkv_drops_copies_and_matches_eager():
-    want, got, report = _compile(models.bert(), models.token_batch(2, 16))
+    # ATen code (no tier-up), where the fused linear (linear_tanh) is offered too
+    want, got, report = _compile(models.bert(), models.token_batch(2, 16), tier_up_calls=0)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     _fired(report, "merge_parallel_addmm_3", "merge_parallel_addmm_2", "copy_of_fresh", "copy_of_viewed_fresh",
            "gelu_of_view", "linear_tanh")
@@ -89,12 +92,23 @@ def test_bert_merges_qkv_drops_copies_and_matches_eager():
 
 
 def test_gpt2_gelu_chain_becomes_one_kernel_and_matches_eager():
-    want, got, report = _compile(models.gpt2(), models.token_batch(2, 16))
+    # ATen code (no tier-up): the only place oneDNN's fused linear is offered (see the next test)
+    want, got, report = _compile(models.gpt2(), models.token_batch(2, 16), tier_up_calls=0)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     _fired(report, "gelu_tanh", "gelu_tanh_of_view", "linear_gelu_tanh", "scale_into_addmm", "scale_before_view")
     ops = report.graphs[0].ops_after
     assert "aten.pow.Tensor_Scalar" not in ops and "aten.tanh.default" not in ops
     assert ops.get("aten.gelu.default", 0) + ops.get("mkldnn._linear_pointwise.default", 0) == 2
+
+
+def test_graphs_headed_for_static_kernels_are_not_offered_the_fused_linear():
+    # The default mode tiers up to static kernels: GEMM and post-op are C kernels in one native run there,
+    # and oneDNN's fused linear (no static kernel) would be an ATen call between them.
+    want, got, report = _compile(models.gpt2(), models.token_batch(2, 16))
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    _fired(report, "gelu_tanh", "scale_into_addmm")
+    assert "linear_gelu_tanh" not in report.applied()
+    assert not report.graphs[0].ops_after.get("mkldnn._linear_pointwise.default")
 
 
 def test_t5_merges_bias_free_projections_and_matches_eager():
