@@ -33,6 +33,7 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -190,8 +191,6 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     torch._dynamo.config.cache_size_limit = 64
     cold_caches()
-    import tempfile
-
     build_root = tempfile.mkdtemp(prefix="decode-bench-")
     rows = []
     for name in [m for m in args.models.split(",") if m]:

@@ -33,6 +33,7 @@ import time
 import torch
 
 from . import ops
+from .cost import nbytes, pointwise_pass
 from .ir import TensorMeta
 from .persist.atomic import atomic_write_text
 from .persist.folders import user_cache_dir
@@ -57,24 +58,23 @@ _LINEAR_POINTWISE = next((t for t in ops.FUSED_LINEARS if ops.target_name(t).end
                          None)  # oneDNN's fused linear, where this build has it
 
 
-def _call_plan(target, in_metas: list):
-    """(function of the input tensors, how many tensors it takes) for a target this module measures."""
-    if target in (aten.mm.default, aten.bmm.default, aten.matmul.default):
-        return (lambda a, b: target(a, b)), (2,)
-    if target in (aten.addmm.default, aten.baddbmm.default):
-        return (lambda c, a, b: target(c, a, b)), (3,)
-    if target is aten.linear.default:
-        return (lambda x, w, b=None: target(x, w, b)), (2, 3)
-    if _LINEAR_POINTWISE is not None and target is _LINEAR_POINTWISE:
-        return (lambda x, w, b=None: target(x, w, b, "none", [], "")), (2, 3)
-    if target in (aten.scaled_dot_product_attention.default, _FLASH_CPU):
-        return (lambda q, k, v, mask=None: aten.scaled_dot_product_attention.default(q, k, v, attn_mask=mask)), (3, 4)
-    return None
+def _linear_pointwise(x, w, b=None):
+    return _LINEAR_POINTWISE(x, w, b, "none", [], "")
 
 
-MEASURED = frozenset(t for t in (aten.mm.default, aten.bmm.default, aten.matmul.default, aten.addmm.default,
-                                 aten.baddbmm.default, aten.linear.default, _LINEAR_POINTWISE,
-                                 aten.scaled_dot_product_attention.default, _FLASH_CPU) if t is not None)
+def _attention(q, k, v, mask=None):
+    return aten.scaled_dot_product_attention.default(q, k, v, attn_mask=mask)
+
+
+# target -> (function of the input tensors, how many tensors it may take): what this module measures
+_CALLS = {
+    **{t: (t, (2,)) for t in (aten.mm.default, aten.bmm.default, aten.matmul.default)},
+    **{t: (t, (3,)) for t in (aten.addmm.default, aten.baddbmm.default)},
+    aten.linear.default: (aten.linear.default, (2, 3)),
+    **({_LINEAR_POINTWISE: (_linear_pointwise, (2, 3))} if _LINEAR_POINTWISE is not None else {}),
+    **{t: (_attention, (3, 4)) for t in (aten.scaled_dot_product_attention.default, _FLASH_CPU)},
+}
+MEASURED = frozenset(_CALLS)
 
 
 def signature(target, in_metas: list) -> str | None:
@@ -88,10 +88,6 @@ def signature(target, in_metas: list) -> str | None:
             return None
         parts.append(f"{ops.dtype_str(m.dtype)}[{','.join(str(int(s)) for s in m.shape)}]")
     return f"{ops.target_name(target)}({';'.join(parts)})"
-
-
-def _nbytes(m: TensorMeta) -> int:
-    return math.prod(int(s) for s in m.shape) * m.dtype.itemsize
 
 
 class KernelTimes:
@@ -117,21 +113,18 @@ class KernelTimes:
             return None
         t = self.times.get(key)
         if t is None:
-            plan = _call_plan(target, in_metas)
-            size = sum(_nbytes(m) for m in in_metas) + sum(_nbytes(m) for m in _tensor_metas(out_meta))
-            if plan is None or len(in_metas) not in plan[1] or size > MAX_BYTES:
+            fn, counts = _CALLS[target]
+            if len(in_metas) not in counts or nbytes(in_metas) + nbytes(out_meta) > MAX_BYTES:
                 return None
             with self.lock:
                 t = self.times.get(key)
                 if t is None:
                     if self.spent_s >= self.budget_s:
                         return None
-                    t = self._measure(key, plan[0], in_metas)
+                    t = self._measure(key, fn, in_metas)
                     if t is None:
                         return None
         if target is _LINEAR_POINTWISE:  # the post-op's pass over the output, fused: no dispatch of its own
-            from .cost import pointwise_pass
-
             t += pointwise_pass(out_meta)
         return t
 
@@ -203,8 +196,3 @@ def _valid(doc) -> dict[str, float]:
             raise ValueError(f"entry {k[:80]!r}: {v!r} is not seconds in [{_SECONDS[0]}, {_SECONDS[1]}]")
     return {k: float(v) for k, v in times.items()}
 
-
-def _tensor_metas(meta):
-    from .ir import iter_metas
-
-    return [m for m in iter_metas(meta) if isinstance(m, TensorMeta) and m.is_static()]

@@ -222,19 +222,20 @@ class PlannedExecutable:
         base's, which `_inputs_reaching` guards per call. So no tensor is made: the kernels read the
         base's address."""
         g, plan = self.graph, self.plan
-        readers: dict[int, list[int]] = {}
-        for j, m in enumerate(g.nodes):
-            for a in m.inputs:
-                readers.setdefault(a.id, []).append(j)
-        outputs = {a.id for a in g.output.inputs}
+        readers = g.users()  # the output node reads the outputs, and is no static-kernel step
+
+        def native(m: Node) -> bool:
+            p = plan.nodes.get(self._index[m.id])
+            return p is not None and p.kind == "native"
+
         out = set()
         for i, n in enumerate(g.nodes):
             p = plan.nodes.get(i)
             if p is None or p.kind != "call" or i in self._fixed or n.target not in _SAME_ADDRESS_VIEWS \
-                    or not n.args or not isinstance(n.args[0], Node) or n.id in outputs or n.waits:
+                    or not n.args or not isinstance(n.args[0], Node) or n.waits:
                 continue
             users = readers.get(n.id, [])
-            if users and all(plan.nodes.get(j) is not None and plan.nodes[j].kind == "native" for j in users):
+            if users and all(native(m) for m in users):
                 out.add(i)
         return out
 
@@ -338,8 +339,9 @@ class PlannedExecutable:
 
 _VALUE = re.compile(r"\bv\d+(?:_\d+)?\b")
 # Views whose result starts where their input does (same data pointer, other sizes and strides).
-_SAME_ADDRESS_VIEWS = frozenset(t for t in ops.VIEWS if ops.target_name(t).split(".")[1] in (
-    "view", "_unsafe_view", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze", "alias", "detach"))
+_SAME_ADDRESS_VIEWS = ops.overloads("view.default", "_unsafe_view.default", "permute.default", "t.default",
+                                    "transpose.int", "expand.default", "unsqueeze.default", "squeeze.dim",
+                                    "squeeze.dims", "squeeze.default", "alias.default", "detach.default")
 
 
 def _drop_dead(body: list, keep: set) -> list:

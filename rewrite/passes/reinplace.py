@@ -45,7 +45,6 @@ def reinplace_buffer_updates(graph: Graph) -> int:
         graph.replace_all_uses(update, in_place)
         graph.replace_all_uses(back, in_place)  # copy_ returned the buffer: so does the in-place update
         graph.remove(back)
-        graph.remove(update)
-        users = graph.users()
+        graph.remove(update)  # ``users`` stays right for every other buffer: only this one's readers changed
         changed += 1
     return changed
