@@ -384,9 +384,35 @@ def _cat(rng) -> Case:
     return Case("cat", aten.cat.default, (parts, dim), exact=True)
 
 
+def _batch_norm(rng) -> Case:
+    """Inference batch norm on a [N, C, ...] input in any layout (channels-last among the permutations)."""
+    dtype = _dtype(rng)
+    shape = [rng.choice(_DIMS), rng.choice(_DIMS)] + _shape(rng, rng.choice([0, 1, 2]), zero=0.0, big=0.0)
+    x = _layout(rng, _values(rng, shape, dtype), 0.5)
+    c = shape[1]
+    w = _values(rng, [c], dtype, special=0.0) if rng.random() < 0.7 else None
+    b = _values(rng, [c], dtype, special=0.0) if rng.random() < 0.7 else None
+    mean, var = _values(rng, [c], dtype, special=0.0), _values(rng, [c], dtype, positive=True, special=0.0)
+    return Case("batch_norm", aten._native_batch_norm_legit_no_training.default,
+                (x, w, b, mean, var, 0.1, rng.choice([1e-5, 1e-3, 0.1])))
+
+
+def _constant_pad(rng) -> Case:
+    """Zero or constant padding of the last dims (a negative pad crops: left to ATen)."""
+    dtype = _dtype(rng, 0.3)
+    shape = _shape(rng, rng.choice([1, 2, 3, 4]), zero=0.05, big=0.0)
+    x = _layout(rng, _values(rng, shape, dtype), 0.5)
+    pad = [rng.choice([0, 0, 1, 2, 3]) for _ in range(2 * rng.randint(1, len(shape)))]
+    if rng.random() < 0.1:
+        pad[rng.randrange(len(pad))] = -1
+    return Case("constant_pad_nd", aten.constant_pad_nd.default, (x, pad, rng.choice([0.0, 0.0, -1.5, math.inf])),
+                exact=True)
+
+
 # how often each family is drawn
 _FAMILIES = [(_unary, 6), (_binary, 6), (_compare, 3), (_select, 2), (_clamps, 2), (_gelu, 1), (_copy, 3),
-             (_layer_norm, 3), (_softmax, 3), (_gemm, 4), (_embedding, 1), (_cat, 2)]
+             (_layer_norm, 3), (_softmax, 3), (_gemm, 4), (_embedding, 1), (_cat, 2), (_batch_norm, 2),
+             (_constant_pad, 2)]
 
 
 def draw(index: int, seed: int = SEED) -> Case:
@@ -484,6 +510,13 @@ def tolerance(case: Case, want: torch.Tensor, wants: list, output: int) -> tuple
             return 64 * eps, 64 * eps * max(1.0, _finite_max(tensors[0]))
         return 64 * eps * cond, 64 * eps * cond * max(1.0, _finite_max(tensors[2])) + 16 * eps * max(
             1.0, _finite_max(tensors[3]))
+    if fam == "batch_norm":
+        # x * alpha + beta with beta = bias - mean * alpha: where they cancel, an ulp of the terms (ATen's
+        # paths differ in how they round: its TensorIterator path for non-4-d inputs is not the kernel's)
+        x, w, b, mean, var, _, bn_eps = tensors
+        alpha = (1.0 if w is None else _finite_max(w)) / math.sqrt(max(var.min().item(), 0.0) + bn_eps)
+        terms = (_finite_max(x) + _finite_max(mean)) * alpha + (0.0 if b is None else _finite_max(b))
+        return 16 * eps, 8 * eps * max(terms, 1e-30)
     if fam == "_log_softmax":
         return 64 * eps, 64 * eps * max(1.0, _finite_max(tensors[0]))
     if fam == "_softmax":

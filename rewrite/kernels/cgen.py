@@ -18,7 +18,8 @@ What gets a kernel (everything else runs its ATen kernel):
   by ``mkl::_mkl_reorder_linear_weight``, what Inductor's freezing uses); the addresses reach the
   library at load time (`compiler.Library`);
 * ``embedding`` (an index out of range is error 1, raised as IndexError) and copies (``clone``,
-  ``_to_copy`` between float dtypes, ``cat``).
+  ``_to_copy`` between float dtypes, ``cat``, ``constant_pad_nd``);
+* inference batch norm (``_native_batch_norm_legit_no_training``) at any strides, channels-last too.
 
 Numerics: the same formulas as ATen's CPU kernels (layer norm statistics in double), so results
 agree to float rounding; tests compare with eager at every gear.
@@ -32,7 +33,7 @@ from .signature import value_of
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 6
+VERSION = 7  # 7: batch norm, constant padding, loops in memory order
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
@@ -92,6 +93,8 @@ def generate(sig: dict, symbol: str) -> str | None:
     family = _FAMILIES.get(sig["op"])
     if family is None:
         return None
+    if any(o["size"] and 0 in o["size"] for o in sig["outputs"]) and family is not _batch_norm:
+        return None  # an empty result: nothing to compute (batch norm's empty statistics are never written)
     try:
         return family(sig, symbol)
     except Unsupported:
@@ -177,10 +180,17 @@ def _collapse(size: list, strides: list[list]) -> tuple[list, list[list]]:
     return size, strides
 
 
-def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = True) -> list[str]:
+def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = True,
+           in_memory_order: bool = True) -> list[str]:
     """Nested loops over ``size``; ``emit(indices)`` gives the body's lines for index expressions.
 
-    ``simd``: the innermost loop is marked for vectorization (its body must not branch out of it)."""
+    ``simd``: the innermost loop is marked for vectorization (its body must not branch out of it).
+    ``in_memory_order``: the loops nest in the order of the first array's strides, largest outside, so
+    the innermost loop walks it with the smallest step (a channels-last image: the channels, not its
+    width at a stride of C); only for bodies whose iterations are independent."""
+    if in_memory_order:
+        order = sorted(range(len(size)), key=lambda d: -abs(strides[0][d]))  # stable: ties keep their order
+        size, strides = [size[d] for d in order], [[st[d] for d in order] for st in strides]
     size, strides = _collapse(size, strides)
     if not size:
         return ["  {"] + ["    " + ln for ln in emit(["0"] * len(strides))] + ["  }"]
@@ -506,6 +516,77 @@ def _softmax(sig, symbol, log: bool):
     return _function(symbol, body, sig)
 
 
+# -- images: inference batch norm, constant padding ----------------------------------------------------------
+
+MAX_CHANNELS = 16384  # batch norm's per-channel terms live on the kernel's stack
+
+
+def _batch_norm(sig, symbol):
+    """Batch norm with running statistics (``_native_batch_norm_legit_no_training``), ATen's CPU formula:
+    per channel alpha = invstd * weight and beta = bias - mean * alpha with invstd = 1 / sqrt(var + eps),
+    all in the input's type (its opmath for float32 and float64), then out = x * alpha + beta (a multiply
+    and an add, no FMA, as ATen's vectorized loop) at any strides; the saved statistics it returns are empty."""
+    args = _args(sig)
+    x, out = sig["inputs"][args["input"]["tensor"]], sig["outputs"][0]
+    if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or len(x["size"]) < 2 or out["size"] != x["size"] \
+            or any(_numel(o["size"]) != 0 for o in sig["outputs"][1:]):
+        raise Unsupported
+    T, channels = _CTYPE[x["dtype"]], x["size"][1]
+    if not 0 < channels <= MAX_CHANNELS or _numel(x["size"]) == 0:
+        raise Unsupported
+    per_channel = {}
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        ref = args.get(name)
+        if ref is None and name in ("weight", "bias"):
+            continue
+        if not (isinstance(ref, dict) and "tensor" in ref):
+            raise Unsupported
+        d = sig["inputs"][ref["tensor"]]
+        if d["dtype"] != x["dtype"] or d["size"] != [channels]:
+            raise Unsupported
+        per_channel[name] = f"x{ref['tensor']}[c * {d['stride'][0]}LL]"
+    weight, bias = per_channel.get("weight", f"(({T})1)"), per_channel.get("bias", f"(({T})0)")
+    body = [f"  {T} alpha[{channels}], beta[{channels}];",
+            f"  for (int64_t c = 0; c < {channels}LL; c++) {{",
+            f"    {T} invstd = (({T})1) / {_fn('sqrt', T)}({per_channel['running_var']} + {_literal(args['eps'], T)});",
+            f"    alpha[c] = invstd * {weight};",
+            f"    beta[c] = {bias} - {per_channel['running_mean']} * alpha[c];",
+            "  }"]
+    rank = len(x["size"])
+    channel = [0, 1] + [0] * (rank - 2)  # alpha and beta read as a [1, C, 1, ...] tensor broadcast over x
+    strides = [out["stride"], x["stride"], channel]
+    body += _loops(list(x["size"]), strides, lambda ix: [
+        f"y0[{ix[0]}] = x{args['input']['tensor']}[{ix[1]}] * alpha[{ix[2]}] + beta[{ix[2]}];"],
+        _numel(x["size"]) >= PARALLEL_MIN)
+    return _function(symbol, body, sig)
+
+
+def _constant_pad(sig, symbol):
+    """``constant_pad_nd`` with pads of at least 0: the value everywhere, then the input copied inside."""
+    args = _args(sig)
+    x, out = sig["inputs"][args["self"]["tensor"]], sig["outputs"][0]
+    pad = value_of(args["pad"])
+    rank = len(x["size"])
+    if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or not isinstance(pad, list) or len(pad) % 2 \
+            or len(pad) > 2 * rank or any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in pad):
+        raise Unsupported
+    T = _CTYPE[x["dtype"]]
+    value = args.get("value")
+    fill = _literal(value if value is not None else 0, T)
+    before = [0] * rank
+    for k in range(len(pad) // 2):  # pad holds (before, after) pairs from the last dim backwards
+        before[rank - 1 - k] = pad[2 * k]
+        if x["size"][rank - 1 - k] + pad[2 * k] + pad[2 * k + 1] != out["size"][rank - 1 - k]:
+            raise Unsupported
+    base = sum(b * st for b, st in zip(before, out["stride"]))
+    parallel = _numel(out["size"]) >= PARALLEL_MIN
+    body = _loops(list(out["size"]), [out["stride"]], lambda ix: [f"y0[{ix[0]}] = {fill};"], parallel)
+    if _numel(x["size"]):
+        body += _loops(list(x["size"]), [out["stride"], x["stride"]],
+                       lambda ix: [f"y0[{base}LL + {ix[0]}] = x{args['self']['tensor']}[{ix[1]}];"], parallel)
+    return _function(symbol, body, sig)
+
+
 # -- matrix products -------------------------------------------------------------------------------------
 
 def _matrix(d: dict, first: int):
@@ -618,7 +699,8 @@ def _embedding(sig, symbol):
                 f"if (id < 0 || id >= {vocab}LL) return 1;",
                 f"memcpy(y0 + (at++) * {ors}LL, x{wi} + id * {W['stride'][0]}LL, {dim}LL * sizeof({T}));"]
 
-    return _function(symbol, ["  int64_t at = 0;"] + _loops(list(I["size"]), index_strides, body, False, simd=False),
+    return _function(symbol, ["  int64_t at = 0;"] + _loops(list(I["size"]), index_strides, body, False, simd=False,
+                                                            in_memory_order=False),  # rows in index order
                      sig)
 
 
@@ -658,4 +740,6 @@ _FAMILIES.update({
     "aten.bmm.default": _bmm,
     "aten.embedding.default": _embedding,
     "aten.cat.default": _cat,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm,
+    "aten.constant_pad_nd.default": _constant_pad,
 })
