@@ -28,8 +28,8 @@ from .cost import graph_cost
 from .egraph import Limits, run_egraph
 from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
-from .passes import (apply_computed_rules, dedup_constants, eliminate_dead_edges, fold_constants, fold_sizes,
-                     reinplace_buffer_updates)
+from .passes import (apply_computed_rules, channels_last_convolutions, dedup_constants, eliminate_dead_edges,
+                     fold_constants, fold_sizes, reinplace_buffer_updates)
 from .policy import resolve_policy
 from .report import GraphReport
 from .rules import LIBRARY, check_user_rulesets, left_out, without
@@ -170,16 +170,22 @@ def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Grap
     report.count("fresh_outputs", keep_outputs_fresh(original, graph))
     # Last: the e-graph and the sweep see functional updates (a buffer's write-back is a pinned effect).
     report.count("reinplace", reinplace_buffer_updates(graph))
+    # Layouts are not values: decided on the final graph, by kernels measured at its static shapes.
+    report.count("channels_last", channels_last_convolutions(graph, _kernel_times()))
     report.predicted_cost = (report.predicted_cost[0], graph_cost(graph))
     _save_kernel_times()
     return graph
 
 
-def _save_kernel_times() -> None:
-    """Keep the kernels this optimization measured at its shapes for the next process (rewrite.kernel_times)."""
+def _kernel_times():
     from .calibration import current
 
-    times = current().kernel_times
+    return current().kernel_times
+
+
+def _save_kernel_times() -> None:
+    """Keep the kernels this optimization measured at its shapes for the next process (rewrite.kernel_times)."""
+    times = _kernel_times()
     if times is not None:
         times.save()
 

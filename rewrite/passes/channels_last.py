@@ -1,0 +1,251 @@
+"""Channels-last images for CPU convolutions, where the machine runs them faster that way.
+
+oneDNN's convolution follows its input's layout, and at many shapes it is much faster on a
+channels-last (NHWC) image than on a contiguous (NCHW) one: measured here, a depthwise 3x3 of 48
+channels at 16x16 took 123 us contiguous and 71 us channels-last, a 1x1 of 8 to 48 channels at
+batch 8 162 us and 83 us. At others it is slower (a 3-channel stem conv: 23 us against 55 us).
+Inductor converts every convolution of a graph (its ``layout_optimization``); this pass decides
+per convolution, by the times `rewrite.kernel_times` measures for both layouts at the graph's
+static shapes, plus the copies a change of layout costs.
+
+A chosen convolution reads ``contiguous(x, memory_format=channels_last)``: a copy where ``x`` is
+contiguous, ``x`` itself where it already is channels-last. Its result stays channels-last through
+the ops that keep the layout and mean the same whatever it is (`_keeps_layout`: pointwise ops whose
+other operands broadcast over the image's height and width, batch norm, padding, pooling), and the
+next convolution reads it as it is. Every other reader of such a value (a view, the graph's output,
+a convolution left contiguous) reads ``contiguous(value)``, so everything outside the channels-last
+region sees the layout eager gives it: a wrong guess about a layout costs a copy, never a result.
+Reductions over the height and width (global pooling) read channels-last values as they are.
+
+Only static CPU graphs without stream scopes, float32 4-d convolutions, and only where both layouts
+were measured (no kernel times, no change).
+"""
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch
+
+from .. import ops
+from ..boundary import views_as_reshapes
+from ..cost import op_cost
+from ..ir import Graph, Node, TensorMeta, map_nodes
+
+log = logging.getLogger("rewrite")
+
+__all__ = ["channels_last_convolutions"]
+
+aten = torch.ops.aten
+_CONVOLUTION = aten.convolution.default
+_CHANNELS_LAST = torch.channels_last
+# Ops returning a tuple whose first element keeps its image input's layout; the others are per-channel
+# statistics (batch norm) or must be unused (max pooling's indices are laid out like the image).
+_TUPLES = ops.BATCH_NORMS | ops.overloads("max_pool2d_with_indices.default")
+# Ops whose result keeps their image input's layout (verified in tests/test_channels_last.py).
+_IMAGE_OPS = ops.overloads("constant_pad_nd.default", "avg_pool2d.default", "_adaptive_avg_pool2d.default",
+                           "adaptive_avg_pool2d.default", "max_pool2d.default")
+# Reductions that read a channels-last image as it is when they reduce its height and width.
+_SPATIAL_REDUCTIONS = ops.overloads("mean.dim", "sum.dim_IntList", "amax.default")
+# A region goes channels-last only with this many convolutions and this share of their time measured as
+# gain: convolutions timed alone overstate what the layout gains inside a graph (the zoo's EfficientNet at
+# batch 8: 17% predicted over its 36 convolutions, and the graph ran slower; one convolution between two
+# copies, as in ConvNeXt's and SegFormer's stems, lost too). MobileNetV2 (22-28%) and ResNet at batch 8
+# (21%) gained (benchmarks/zoo.py).
+MIN_CONVOLUTIONS = 2
+MIN_GAIN = 0.2
+
+
+def channels_last_convolutions(graph: Graph, kernel_times) -> int:
+    """Run the convolutions of ``graph`` channels-last where that measures faster; returns how many."""
+    if kernel_times is None or any(n.stream is not None or n.waits for n in graph.nodes):
+        return 0
+    users = graph.users()
+    # What eager already runs channels-last (ConvNeXt's convolutions read permuted NHWC tensors) stays as it is.
+    eager = _channels_last_values(graph, set(), users)
+    candidates = {n.id: t for n in graph.nodes if n.id not in eager and (t := _measured(n, kernel_times)) is not None}
+    if not candidates:
+        return 0
+    # Convolutions linked by layout-keeping ops (a residual block, a network's whole trunk) share one
+    # layout: switching one alone would convert at every join. Each such region goes channels-last as
+    # a whole where its convolutions' measured gain pays for the copies at its borders.
+    everywhere = _channels_last_values(graph, set(candidates), users)
+    chosen = set()
+    for region in _regions(graph, everywhere - eager, candidates):
+        convolutions = [c for c in region if c in candidates]
+        contiguous_s = sum(candidates[c][0] for c in convolutions)
+        gain = contiguous_s - sum(candidates[c][1] for c in convolutions)
+        copies = _border_copies(graph, region, candidates, everywhere, users)
+        worth = len(convolutions) >= MIN_CONVOLUTIONS and gain >= MIN_GAIN * contiguous_s and gain > copies
+        log.debug("channels-last: a region of %d convolutions (%.1f us) gains %.1f us, its copies cost %.1f us: %s",
+                  len(convolutions), contiguous_s * 1e6, gain * 1e6, copies * 1e6, "taken" if worth else "left")
+        if worth:
+            chosen |= set(convolutions)
+    if not chosen:
+        return 0
+    _convert(graph, users, chosen, _channels_last_values(graph, chosen, users), eager)
+    # A view may now read a differently-strided tensor than in eager (an input the caller passed
+    # channels-last, say): views that cannot be views of it copy instead of failing.
+    views_as_reshapes(graph)
+    return len(chosen)
+
+
+def _channels_last_values(graph: Graph, chosen: set, users: dict) -> set[int]:
+    """Ids of the values that are channels-last when the ``chosen`` convolutions read channels-last images:
+    those, what follows any convolution's image layout or keeps its input's, and NHWC tensors permuted
+    to NCHW (`_permuted_nhwc`)."""
+    out: set[int] = set()
+    for n in graph.nodes:
+        if n.id in chosen or _permuted_nhwc(n) or _keeps_layout(n, out, users) \
+                or (n.kind == "call" and n.target is _CONVOLUTION and isinstance(n.args[0], Node)
+                    and n.args[0].id in out):
+            out.add(n.id)
+    return out
+
+
+def _permuted_nhwc(n: Node) -> bool:
+    """``permute(y, [0, 3, 1, 2])`` of an image ``y`` made by a computation (not a view): channels-last."""
+    if n.kind != "call" or n.target is not aten.permute.default or not isinstance(n.args[0], Node):
+        return False
+    y = n.args[0]
+    return [d % 4 for d in n.args[1]] == [0, 3, 1, 2] and isinstance(y.meta, TensorMeta) and y.meta.rank == 4 \
+        and y.kind == "call" and y.target not in ops.VIEWS
+
+
+def _regions(graph: Graph, channels_last: set, candidates: dict) -> list[set[int]]:
+    """The channels-last values grouped into connected regions (union-find over their data edges)."""
+    parent = {i: i for i in channels_last}
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for n in graph.nodes:
+        if n.id not in channels_last:
+            continue
+        reads = [n.args[0]] if n.id in candidates else n.inputs
+        for t in reads:
+            if isinstance(t, Node) and t.id in channels_last:
+                parent[root(t.id)] = root(n.id)
+    groups: dict[int, set[int]] = {}
+    for i in channels_last:
+        groups.setdefault(root(i), set()).add(i)
+    return list(groups.values())
+
+
+def _border_copies(graph: Graph, region: set, candidates: dict, channels_last: set, users: dict) -> float:
+    """Seconds of the layout copies a region needs: images converted in, values converted back out."""
+    by_id = {n.id: n for n in graph.nodes}
+    images = {by_id[c].args[0].id: by_id[c].args[0] for c in region if c in candidates}
+    seconds = sum(_copy_s(image.meta) for i, image in images.items() if i not in channels_last)
+    for i in region:
+        value = by_id[i]
+        if isinstance(value.meta, TensorMeta) and any(not _reads_as_it_is(u, value, channels_last)
+                                                      for u in users.get(i, ())):
+            seconds += _copy_s(value.meta)
+    return seconds
+
+
+def _measured(n: Node, kernel_times) -> tuple[float, float] | None:
+    """(contiguous, channels-last) seconds of a float32 2-d convolution node on the CPU, or None."""
+    if n.kind != "call" or n.target is not _CONVOLUTION:
+        return None
+    a = ops.bind_arguments(_CONVOLUTION, n.args, n.kwargs)
+    tensors = [a["input"], a["weight"]] + ([a["bias"]] if a["bias"] is not None else [])
+    if not all(isinstance(t, Node) and _image(t.meta, rank=None) for t in tensors) or not _image(a["input"].meta) \
+            or a["transposed"] or a["input"].meta.dtype != torch.float32:
+        return None
+    params = tuple(a[p] for p in ("stride", "padding", "dilation", "transposed", "output_padding", "groups"))
+    params = tuple(list(v) if isinstance(v, (list, tuple)) else v for v in params)
+    metas = [t.meta for t in tensors]
+    contiguous_s = kernel_times.convolution_seconds(metas, params, channels_last=False)
+    channels_last_s = kernel_times.convolution_seconds(metas, params, channels_last=True) \
+        if contiguous_s is not None else None
+    return None if channels_last_s is None else (contiguous_s, channels_last_s)
+
+
+def _describe(conv: Node) -> str:
+    image, weight = conv.args[0].meta, conv.args[1].meta
+    return f"{list(map(int, image.shape))} * {list(map(int, weight.shape))}"
+
+
+def _image(meta, rank: int | None = 4) -> bool:
+    return isinstance(meta, TensorMeta) and meta.is_static() and meta.device is not None \
+        and meta.device.type == "cpu" and (rank is None or meta.rank == rank)
+
+
+def _copy_s(meta) -> float:
+    return op_cost(aten.clone.default, meta, [meta])
+
+
+def _keeps_layout(n: Node, channels_last: set, users: dict) -> bool:
+    """Whether ``n``'s result is channels-last, given which of its inputs are (and it means the same)."""
+    if n.kind != "call" or not n.args or not isinstance(n.meta, TensorMeta) and n.target not in _TUPLES:
+        return False
+    first = n.args[0]
+    if n.target is operator.getitem:
+        return isinstance(first, Node) and first.id in channels_last and n.args[1] == 0
+    if n.target in _TUPLES or n.target in _IMAGE_OPS:
+        if not (isinstance(first, Node) and first.id in channels_last):
+            return False
+        if n.target is aten.constant_pad_nd.default and len(n.args[1]) > 4:
+            return False  # padding the channels or the batch too
+        if n.target in _TUPLES:  # read through getitem only; max pooling's indices unused
+            return all(u.target is operator.getitem and (u.args[1] == 0 or n.target in ops.BATCH_NORMS)
+                       for u in users.get(n.id, ()))
+        return True
+    if not ops.is_pointwise(n.target) or not _image(n.meta):
+        return False
+    shape = tuple(n.meta.shape)
+    reads_cl = False
+    for t in n.inputs:
+        if t.id in channels_last and isinstance(t.meta, TensorMeta) and tuple(t.meta.shape) == shape:
+            reads_cl = True
+        elif not _broadcast_over_image(t.meta):
+            return False  # another full image: the result's layout is no longer the first one's
+    return reads_cl
+
+
+def _broadcast_over_image(meta) -> bool:
+    """A per-channel or per-sample operand (sizes 1 in height and width) or a scalar tensor."""
+    if not isinstance(meta, TensorMeta) or meta.shape is None:
+        return False
+    padded = (1,) * (4 - len(meta.shape)) + tuple(meta.shape)
+    return len(padded) == 4 and padded[2] == 1 and padded[3] == 1
+
+
+def _reads_as_it_is(reader: Node, value: Node, channels_last: set) -> bool:
+    """Whether ``reader`` may read the channels-last ``value`` without a conversion."""
+    if reader.id in channels_last:
+        if reader.target is _CONVOLUTION:
+            return reader.args[0] is value and value not in reader.args[1:]
+        return True
+    if reader.kind == "call" and reader.target in _SPATIAL_REDUCTIONS and reader.args and reader.args[0] is value:
+        dims = ops.bind_arguments(reader.target, reader.args, reader.kwargs).get("dim")
+        return dims is not None and {d % 4 for d in dims} >= {2, 3}
+    return False
+
+
+def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: set) -> None:
+    position = {n.id: i for i, n in enumerate(graph.nodes)}
+    into: dict[int, Node] = {}  # image id -> its channels-last copy (one per image, however many read it)
+    for conv in [n for n in graph.nodes if n.id in chosen]:
+        image = conv.args[0]
+        if image.id in channels_last:
+            continue
+        if image.id not in into:
+            into[image.id] = graph.call(aten.contiguous.default, (image,), {"memory_format": _CHANNELS_LAST},
+                                        meta=image.meta, before=conv)
+        conv.args = (into[image.id],) + conv.args[1:]
+    for value in [n for n in graph.nodes if n.id in channels_last - eager and isinstance(n.meta, TensorMeta)]:
+        exits = [u for u in users.get(value.id, ()) if not _reads_as_it_is(u, value, channels_last)]
+        if not exits:
+            continue
+        first = min(exits, key=lambda u: position[u.id])
+        back = graph.call(aten.contiguous.default, (value,), {}, meta=value.meta, before=first)
+        swap = lambda m, value=value, back=back: back if m is value else m  # noqa: E731
+        for u in exits:
+            u.args = map_nodes(u.args, swap)
+            u.kwargs = map_nodes(u.kwargs, swap)
