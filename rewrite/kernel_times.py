@@ -9,6 +9,9 @@ are all tensors, the cost model asks this module: the kernel is run on random te
 shapes, on the process's threads, and the fastest of a few short batches is its cost; extraction
 then compares the merged and the separate forms by what they take here.
 
+Convolutions are measured for one choice only, their image's layout (`convolution_seconds`, used by
+`rewrite.passes.channels_last`): the same call with a contiguous and with a channels-last input.
+
 What is measured: `MEASURED` (GEMMs, fused linears, attention), on the CPU, float dtypes, inputs
 of at most `MAX_BYTES`; anything else, symbolic sizes, or a call whose tensors cannot be told
 apart from its metas alone (``mm(x, x)``) is left to the family model (`seconds` returns None).

@@ -84,6 +84,8 @@ def test_the_ops_it_looks_through_keep_a_channels_last_image_channels_last():
         "avg_pool2d": aten.avg_pool2d.default(x, [2, 2]),
         "max_pool2d_with_indices": aten.max_pool2d_with_indices.default(x, [2, 2])[0],
         "_adaptive_avg_pool2d": aten._adaptive_avg_pool2d.default(x, [3, 3]),
+        "adaptive_avg_pool2d": aten.adaptive_avg_pool2d.default(x, [3, 3]),
+        "max_pool2d": aten.max_pool2d.default(x, [2, 2]),
         "batch_norm": aten._native_batch_norm_legit_no_training.default(x, c, c, c, c.abs() + 1, 0.1, 1e-5)[0],
         "relu": aten.relu.default(x),
         "add per channel": aten.add.Tensor(x, c.view(8, 1, 1)),

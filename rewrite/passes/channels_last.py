@@ -4,9 +4,11 @@ oneDNN's convolution follows its input's layout, and at many shapes it is much f
 channels-last (NHWC) image than on a contiguous (NCHW) one: measured here, a depthwise 3x3 of 48
 channels at 16x16 took 123 us contiguous and 71 us channels-last, a 1x1 of 8 to 48 channels at
 batch 8 162 us and 83 us. At others it is slower (a 3-channel stem conv: 23 us against 55 us).
-Inductor converts every convolution of a graph (its ``layout_optimization``); this pass decides
-per convolution, by the times `rewrite.kernel_times` measures for both layouts at the graph's
-static shapes, plus the copies a change of layout costs.
+Inductor converts every convolution of a graph (its ``layout_optimization``); this pass decides per
+region of convolutions linked by layout-keeping ops, by the times `rewrite.kernel_times` measures for
+both layouts at the graph's static shapes, against the copies at the region's borders. What eager
+already runs channels-last (a convolution reading an NHWC tensor permuted to NCHW, as in ConvNeXt)
+is left as it is.
 
 A chosen convolution reads ``contiguous(x, memory_format=channels_last)``: a copy where ``x`` is
 contiguous, ``x`` itself where it already is channels-last. Its result stays channels-last through
@@ -14,8 +16,9 @@ the ops that keep the layout and mean the same whatever it is (`_keeps_layout`: 
 other operands broadcast over the image's height and width, batch norm, padding, pooling), and the
 next convolution reads it as it is. Every other reader of such a value (a view, the graph's output,
 a convolution left contiguous) reads ``contiguous(value)``, so everything outside the channels-last
-region sees the layout eager gives it: a wrong guess about a layout costs a copy, never a result.
-Reductions over the height and width (global pooling) read channels-last values as they are.
+region sees the layout eager gives it: a wrong guess about a layout costs a copy, never a result
+(views become reshapes once the pass changed anything: an input the caller passed channels-last
+may take another layout through the graph than in eager). Reductions over the height and width (global pooling) read channels-last values as they are.
 
 Only static CPU graphs without stream scopes, float32 4-d convolutions, and only where both layouts
 were measured (no kernel times, no change).
@@ -164,11 +167,6 @@ def _measured(n: Node, kernel_times) -> tuple[float, float] | None:
     channels_last_s = kernel_times.convolution_seconds(metas, params, channels_last=True) \
         if contiguous_s is not None else None
     return None if channels_last_s is None else (contiguous_s, channels_last_s)
-
-
-def _describe(conv: Node) -> str:
-    image, weight = conv.args[0].meta, conv.args[1].meta
-    return f"{list(map(int, image.shape))} * {list(map(int, weight.shape))}"
 
 
 def _image(meta, rank: int | None = 4) -> bool:
