@@ -31,6 +31,7 @@ MAX_RANK = 8
 MAX_DIM = 2**40
 MAX_ARGS = 64
 MAX_LIST = 1024
+MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
 _OP_NAME = re.compile(r"^[a-z_][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -50,6 +51,8 @@ def _scalar(v):
         return v if math.isfinite(v) else {"float": repr(v)}
     if isinstance(v, torch.dtype):
         return {"dtype": dtype_str(v)}
+    if isinstance(v, torch.memory_format):  # a copy's layout: the kernel writes the result's recorded strides
+        return {"memory_format": str(v).replace("torch.", "")}
     if isinstance(v, (list, tuple)) and all(isinstance(x, (bool, int, float)) for x in v):
         return [_scalar(x) for x in v]
     raise SignatureError(f"argument value {v!r} ({type(v).__name__}) has no signature spelling")
@@ -146,6 +149,8 @@ def _check_value(v, where: str, depth: int = 0):
         if set(v) == {"float"} and v["float"] in ("inf", "-inf", "nan"):
             return
         if set(v) == {"dtype"} and v["dtype"] in DTYPES:
+            return
+        if set(v) == {"memory_format"} and v["memory_format"] in MEMORY_FORMATS:
             return
         if set(v) == {"tensor"} or set(v) == {"tensors"}:
             return

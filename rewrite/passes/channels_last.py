@@ -10,8 +10,8 @@ both layouts at the graph's static shapes, against the copies at the region's bo
 already runs channels-last (a convolution reading an NHWC tensor permuted to NCHW, as in ConvNeXt)
 is left as it is.
 
-A chosen convolution reads ``contiguous(x, memory_format=channels_last)``: a copy where ``x`` is
-contiguous, ``x`` itself where it already is channels-last. Its result stays channels-last through
+A chosen convolution reads ``clone(x, memory_format=channels_last)`` of an image ``x`` from outside
+the region, and its weight the same way (oneDNN would copy it inside its kernel on every call). Its result stays channels-last through
 the ops that keep the layout and mean the same whatever it is (`_keeps_layout`: pointwise ops whose
 other operands broadcast over the image's height and width, batch norm, padding, pooling), and the
 next convolution reads it as it is. Every other reader of such a value (a view, the graph's output,
@@ -228,15 +228,22 @@ def _reads_as_it_is(reader: Node, value: Node, channels_last: set) -> bool:
 
 def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: set) -> None:
     position = {n.id: i for i, n in enumerate(graph.nodes)}
-    into: dict[int, Node] = {}  # image id -> its channels-last copy (one per image, however many read it)
+    into: dict[int, Node] = {}  # tensor id -> its channels-last copy (one per tensor, however many read it)
+
+    def channels_last_copy(t: Node, before: Node) -> Node:
+        if t.id not in into:
+            into[t.id] = graph.call(aten.clone.default, (t,), {"memory_format": _CHANNELS_LAST}, meta=t.meta,
+                                    before=before)
+        return into[t.id]
+
     for conv in [n for n in graph.nodes if n.id in chosen]:
-        image = conv.args[0]
-        if image.id in channels_last:
-            continue
-        if image.id not in into:
-            into[image.id] = graph.call(aten.contiguous.default, (image,), {"memory_format": _CHANNELS_LAST},
-                                        meta=image.meta, before=conv)
-        conv.args = (into[image.id],) + conv.args[1:]
+        image, weight = conv.args[0], conv.args[1]
+        # oneDNN copies a contiguous weight into channels-last on every call, inside its ATen kernel; a
+        # copy in the graph is a static kernel in the native run beside it (a 1x1 weight is both layouts)
+        if isinstance(weight, Node) and any(int(s) != 1 for s in weight.meta.shape[2:]):
+            conv.args = conv.args[:1] + (channels_last_copy(weight, conv),) + conv.args[2:]
+        if image.id not in channels_last:
+            conv.args = (channels_last_copy(image, conv),) + conv.args[1:]
     for value in [n for n in graph.nodes if n.id in channels_last - eager and isinstance(n.meta, TensorMeta)]:
         exits = [u for u in users.get(value.id, ()) if not _reads_as_it_is(u, value, channels_last)]
         if not exits:
