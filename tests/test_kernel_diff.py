@@ -388,7 +388,12 @@ def _batch_norm(rng) -> Case:
     """Inference batch norm on a [N, C, ...] input in any layout (channels-last among the permutations)."""
     dtype = _dtype(rng)
     shape = [rng.choice(_DIMS), rng.choice(_DIMS)] + _shape(rng, rng.choice([0, 1, 2]), zero=0.0, big=0.0)
-    x = _layout(rng, _values(rng, shape, dtype), 0.5)
+    # Not drawn: values near the dtype's largest, where x * alpha + beta (ATen's fast paths and the kernel)
+    # and ATen's other layouts' (x - mean) * invstd * w + b overflow at different points.
+    x = _values(rng, shape, dtype, special=0.0)
+    if rng.random() < 0.1:
+        x.view(-1)[rng.randrange(x.numel())] = rng.choice([math.nan, math.inf, -math.inf])
+    x = _layout(rng, x, 0.5)
     c = shape[1]
     w = _values(rng, [c], dtype, special=0.0) if rng.random() < 0.7 else None
     b = _values(rng, [c], dtype, special=0.0) if rng.random() < 0.7 else None
@@ -409,10 +414,24 @@ def _constant_pad(rng) -> Case:
                 exact=True)
 
 
+def _reduction(rng) -> Case:
+    """sum / mean over a random set of dims, keepdim or not, of a tensor in any layout."""
+    dtype = _dtype(rng)
+    shape = _shape(rng, rng.choice([1, 2, 3, 4]), zero=0.0, big=0.05)
+    x = _values(rng, shape, dtype, special=0.0)
+    if rng.random() < 0.1:
+        x.view(-1)[rng.randrange(x.numel())] = rng.choice([math.nan, math.inf, -math.inf])
+    x = _layout(rng, x, 0.5)
+    dims = rng.sample(range(len(shape)), rng.randint(1, len(shape)))
+    dims = [d - len(shape) if rng.random() < 0.3 else d for d in dims]  # negative dims too
+    op = rng.choice([aten.sum.dim_IntList, aten.mean.dim])
+    return Case(op.__name__.split(".")[0], op, (x, dims, rng.random() < 0.5))
+
+
 # how often each family is drawn
 _FAMILIES = [(_unary, 6), (_binary, 6), (_compare, 3), (_select, 2), (_clamps, 2), (_gelu, 1), (_copy, 3),
              (_layer_norm, 3), (_softmax, 3), (_gemm, 4), (_embedding, 1), (_cat, 2), (_batch_norm, 2),
-             (_constant_pad, 2)]
+             (_constant_pad, 2), (_reduction, 2)]
 
 
 def draw(index: int, seed: int = SEED) -> Case:
@@ -510,6 +529,11 @@ def tolerance(case: Case, want: torch.Tensor, wants: list, output: int) -> tuple
             return 64 * eps, 64 * eps * max(1.0, _finite_max(tensors[0]))
         return 64 * eps * cond, 64 * eps * cond * max(1.0, _finite_max(tensors[2])) + 16 * eps * max(
             1.0, _finite_max(tensors[3]))
+    if fam in ("sum", "mean"):  # ATen sums in the dtype, pairwise; the kernel in double: the sum's error bound
+        x = tensors[0]
+        count = max(1, x.numel() // max(1, want.numel()))
+        scale = _finite_max(x) * (1 if fam == "mean" else count)
+        return 16 * eps, 4 * eps * max(1.0, math.log2(count)) * max(scale, 1e-30)
     if fam == "batch_norm":
         # x * alpha + beta with beta = bias - mean * alpha: where they cancel, an ulp of the terms (ATen's
         # paths differ in how they round: its TensorIterator path for non-4-d inputs is not the kernel's)

@@ -19,7 +19,8 @@ What gets a kernel (everything else runs its ATen kernel):
   library at load time (`compiler.Library`);
 * ``embedding`` (an index out of range is error 1, raised as IndexError) and copies (``clone``,
   ``_to_copy`` between float dtypes, ``cat``, ``constant_pad_nd``);
-* inference batch norm (``_native_batch_norm_legit_no_training``) at any strides, channels-last too.
+* inference batch norm (``_native_batch_norm_legit_no_training``) at any strides, channels-last too;
+* ``sum``/``mean`` over listed dims (summed in double, in memory order).
 
 Numerics: the same formulas as ATen's CPU kernels (layer norm statistics in double), so results
 agree to float rounding; tests compare with eager at every gear.
@@ -33,7 +34,7 @@ from .signature import value_of
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 7  # 7: batch norm, constant padding, loops in memory order
+VERSION = 8  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
@@ -189,8 +190,7 @@ def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = T
     the innermost loop walks it with the smallest step (a channels-last image: the channels, not its
     width at a stride of C); only for bodies whose iterations are independent."""
     if in_memory_order:
-        order = sorted(range(len(size)), key=lambda d: -abs(strides[0][d]))  # stable: ties keep their order
-        size, strides = [size[d] for d in order], [[st[d] for d in order] for st in strides]
+        size, strides = _memory_order(size, strides)
     size, strides = _collapse(size, strides)
     if not size:
         return ["  {"] + ["    " + ln for ln in emit(["0"] * len(strides))] + ["  }"]
@@ -199,7 +199,7 @@ def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = T
     for d in range(rank):
         pad = "  " * (d + 1)
         if d == 0 and parallel:
-            lines.append(f"{pad}#pragma omp parallel for{' simd' if rank == 1 else ''}")
+            lines.append(f"{pad}#pragma omp parallel for{' simd' if rank == 1 and simd else ''}")
         elif d == rank - 1 and simd:
             lines.append(f"{pad}#pragma omp simd")
         lines.append(f"{pad}for (int64_t i{d} = 0; i{d} < {size[d]}LL; i{d}++) {{")
@@ -516,6 +516,52 @@ def _softmax(sig, symbol, log: bool):
     return _function(symbol, body, sig)
 
 
+# -- reductions over some dims: sum, mean ---------------------------------------------------------------
+
+def _reduction(sig, symbol, mean: bool):
+    """``sum.dim_IntList`` / ``mean.dim`` of a float tensor over the dims listed (any strides, keepdim or
+    not), its own dtype: each result summed in double, in the input's memory order (global pooling of a
+    channels-last image reads its rows of channels), then divided by the count for a mean."""
+    args = _args(sig)
+    x, out = sig["inputs"][args["self"]["tensor"]], sig["outputs"][0]
+    dims = value_of(args["dim"])
+    rank = len(x["size"])
+    if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or args.get("dtype") is not None or rank == 0 \
+            or not isinstance(dims, list) or not dims or any(not isinstance(d, int) or isinstance(d, bool) for d in dims):
+        raise Unsupported
+    reduced = sorted({d % rank for d in dims})
+    kept = [d for d in range(rank) if d not in reduced]
+    keepdim = bool(value_of(args.get("keepdim", False)))
+    out_size = [1 if d in reduced else s for d, s in enumerate(x["size"])] if keepdim else [x["size"][d] for d in kept]
+    if out_size != out["size"] or _numel(x["size"]) == 0:
+        raise Unsupported
+    out_strides = [out["stride"][d] for d in kept] if keepdim else list(out["stride"])
+    T, count = _CTYPE[x["dtype"]], _numel([x["size"][d] for d in reduced])
+    xi = args["self"]["tensor"]
+    inner_size, (inner_stride,) = _collapse(*_memory_order([x["size"][d] for d in reduced],
+                                                          [[x["stride"][d] for d in reduced]]))
+
+    def body(ix):
+        lines = ["double acc = 0;"]
+        for k, n in enumerate(inner_size):
+            if k == len(inner_size) - 1:
+                lines.append("#pragma omp simd reduction(+:acc)")
+            lines.append(f"for (int64_t r{k} = 0; r{k} < {n}LL; r{k}++)")
+        at = " + ".join([ix[1]] + [f"r{k}*{st}LL" for k, st in enumerate(inner_stride)])
+        lines.append(f"  acc += x{xi}[{at}];")
+        return lines + [f"y0[{ix[0]}] = ({T})({'acc / ' + str(count) + '.0' if mean else 'acc'});"]
+
+    parallel = _numel(x["size"]) >= PARALLEL_MIN and len(kept) > 0
+    return _function(symbol, _loops([x["size"][d] for d in kept], [out_strides, [x["stride"][d] for d in kept]], body,
+                                    parallel, simd=False), sig)
+
+
+def _memory_order(size: list, strides: list[list]) -> tuple[list, list[list]]:
+    """``size`` and ``strides`` with the dims in the first array's memory order (largest stride first)."""
+    order = sorted(range(len(size)), key=lambda d: -abs(strides[0][d]))  # stable: ties keep their order
+    return [size[d] for d in order], [[st[d] for d in order] for st in strides]
+
+
 # -- images: inference batch norm, constant padding ----------------------------------------------------------
 
 MAX_CHANNELS = 16384  # batch norm's per-channel terms live on the kernel's stack
@@ -742,4 +788,6 @@ _FAMILIES.update({
     "aten.cat.default": _cat,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm,
     "aten.constant_pad_nd.default": _constant_pad,
+    "aten.sum.dim_IntList": lambda sig, symbol: _reduction(sig, symbol, False),
+    "aten.mean.dim": lambda sig, symbol: _reduction(sig, symbol, True),
 })
