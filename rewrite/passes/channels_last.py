@@ -35,6 +35,7 @@ from .. import ops
 from ..boundary import views_as_reshapes
 from ..cost import op_cost
 from ..ir import Graph, Node, TensorMeta, map_nodes
+from ..kernel_times import CONVOLUTION_PARAMS
 
 log = logging.getLogger("rewrite")
 
@@ -76,12 +77,13 @@ def channels_last_convolutions(graph: Graph, kernel_times) -> int:
     # layout: switching one alone would convert at every join. Each such region goes channels-last as
     # a whole unless its measured convolutions and border copies say it clearly loses (`MAX_LOSS`).
     everywhere = _channels_last_values(graph, set(candidates), users)
+    by_id = {n.id: n for n in graph.nodes}
     chosen = set()
     for region in _regions(graph, everywhere - eager, candidates):
         convolutions = [c for c in region if c in candidates]
         contiguous_s = sum(candidates[c][0] for c in convolutions)
         gain = contiguous_s - sum(candidates[c][1] for c in convolutions)
-        copies = _border_copies(graph, region, candidates, everywhere, users)
+        copies = _border_copies(by_id, region, candidates, everywhere, users)
         worth = len(convolutions) >= MIN_CONVOLUTIONS and gain - copies >= -MAX_LOSS * contiguous_s
         log.debug("channels-last: a region of %d convolutions (%.1f us) gains %.1f us, its copies cost %.1f us: %s",
                   len(convolutions), contiguous_s * 1e6, gain * 1e6, copies * 1e6, "taken" if worth else "left")
@@ -141,9 +143,8 @@ def _regions(graph: Graph, channels_last: set, candidates: dict) -> list[set[int
     return list(groups.values())
 
 
-def _border_copies(graph: Graph, region: set, candidates: dict, channels_last: set, users: dict) -> float:
+def _border_copies(by_id: dict, region: set, candidates: dict, channels_last: set, users: dict) -> float:
     """Seconds of the layout copies a region needs: images converted in, values converted back out."""
-    by_id = {n.id: n for n in graph.nodes}
     images = {by_id[c].args[0].id: by_id[c].args[0] for c in region if c in candidates}
     seconds = sum(_copy_s(image.meta) for i, image in images.items() if i not in channels_last)
     for i in region:
@@ -163,7 +164,7 @@ def _measured(n: Node, kernel_times) -> tuple[float, float] | None:
     if not all(isinstance(t, Node) and _image(t.meta, rank=None) for t in tensors) or not _image(a["input"].meta) \
             or a["transposed"] or a["input"].meta.dtype != torch.float32:
         return None
-    params = tuple(a[p] for p in ("stride", "padding", "dilation", "transposed", "output_padding", "groups"))
+    params = tuple(a[p] for p in CONVOLUTION_PARAMS)
     params = tuple(list(v) if isinstance(v, (list, tuple)) else v for v in params)
     metas = [t.meta for t in tensors]
     contiguous_s = kernel_times.convolution_seconds(metas, params, channels_last=False)
