@@ -41,6 +41,8 @@ def _compile(model, config: rewrite.CompilerConfig | None = None):
 
 
 def _hidden(out):
+    if isinstance(out, dict):  # a loaded export returns a ModelOutput as a plain dict (docs/export_format.md)
+        return out["last_hidden_state"]
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 

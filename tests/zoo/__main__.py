@@ -1,12 +1,15 @@
-"""``python -m tests.zoo [--only a,b] [--modes default,gears] [--family vision] [-v]``: every architecture in
-every mode, compared with eager; prints a table; exits 1 if any architecture fails (an XPASS counts: the
-known defect is fixed and its marker must go)."""
+"""``python -m tests.zoo [--only a,b] [--modes default,gears] [--family vision] [--device cuda] [-v]``: every
+architecture in every mode, compared with eager; prints a table; exits 1 if any architecture fails (an XPASS
+counts: the known defect is fixed and its marker must go). A failing architecture's details are printed as
+soon as it fails, and again under the table."""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
 import warnings
+
+import torch
 
 from .runner import prepare_environment
 
@@ -17,6 +20,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip", default="", help="comma-separated architecture names to leave out")
     p.add_argument("--family", default="", help="comma-separated families (encoder, decoder, ...)")
     p.add_argument("--modes", default="", help="comma-separated modes: default, reduce-overhead, gears")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models run (default cpu)")
     p.add_argument("--list", action="store_true", help="list the architectures and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks of failing modes")
     args = p.parse_args(argv)
@@ -37,6 +41,8 @@ def main(argv=None) -> int:
     modes = split(args.modes) or list(MODES)
     if bad := [m for m in modes if m not in MODES]:
         p.error(f"unknown modes {bad}; choose from {list(MODES)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here")
     if args.list:
         for a in archs:
             print(f"{a.name:18s} {a.family}" + (f"  xfail {a.xfail}" if a.xfail else ""))
@@ -44,10 +50,12 @@ def main(argv=None) -> int:
 
     results, t0 = [], time.perf_counter()
     for i, arch in enumerate(archs, 1):
-        res = run_arch(arch, modes, verbose=args.verbose)
+        res = run_arch(arch, modes, verbose=args.verbose, device=args.device)
         results.append(res)
         cells = "  ".join(f"{m} {r.status} {r.seconds:.1f}s" for m, r in res.modes.items())
         print(f"[{i}/{len(archs)}] {arch.name}: {cells} ({res.seconds:.1f}s)", file=sys.stderr, flush=True)
+        if res.failed:  # at once, not only in the summary: a run stopped at a time limit keeps the why
+            print(format_details([res]), file=sys.stderr, flush=True)
     print(format_table(results, modes))
     failed = [r.arch.name for r in results if r.failed]
     xfailed = [r.arch.name for r in results if any(m.status == "XFAIL" for m in r.modes.values())]

@@ -9,6 +9,9 @@ Modes:
 - ``gears``: default config; ``set_dim_gears(t, {0: [1, 2, 4]})`` on every input tensor of the first call
   (batch 1), then calls at batch 1, 2 and 4. The number of Dynamo graphs is recorded (not required to be 1).
 
+``device="cuda"`` runs the model and its inputs on the GPU (eager on the GPU is the reference). Tier-up is
+CPU-only (on CUDA the default mode runs its ATen graph), so there the default mode only compares calls.
+
 Tolerance (float32 end to end; the compiled code differs from eager only in op order, fused/merged GEMMs
 and libmvec's vector math): an output element passes when
 ``|got - want| <= ATOL_REL * max(1, max|want|) + RTOL * |want|`` with ATOL_REL = 1e-4 and RTOL = 1e-3.
@@ -158,27 +161,31 @@ class _Calls:
         return not self.problems
 
 
-def run_default(arch: Arch, model) -> ModeResult:
+def _inputs(arch: Arch, batch: int, seed: int, device: str) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in arch.inputs(batch, seed).items()}
+
+
+def run_default(arch: Arch, model, device: str = "cpu") -> ModeResult:
     config = rewrite.CompilerConfig()
     compiled, backend = _compile(model, config)
     n = config.exec.tier_up_calls
     calls = _Calls()
     for k in range(n + 3):
         calls.check(f"call {k + 1} ({'before' if k < n else 'at' if k == n else 'after'} tier-up)",
-                    compiled, model, arch.inputs(BATCH, seed=k))
+                    compiled, model, _inputs(arch, BATCH, k, device))
     notes = _notes(backend)
     tiered = [x for x in notes if "tiered up" in x]
     kept = [x for x in notes if "keeps its ATen code" in x or "without static kernels" in x]
     problems = list(calls.problems)
     if kept:
         problems.append("tier-up fell back: " + " | ".join(kept))
-    elif not tiered:
+    elif not tiered and device == "cpu":
         problems.append("no graph tiered up: " + (" | ".join(notes) or "no notes"))
     detail = "; ".join(problems) or " | ".join(tiered)
     return ModeResult("default", not problems, calls.worst, detail)
 
 
-def run_reduce_overhead(arch: Arch, model) -> ModeResult:
+def run_reduce_overhead(arch: Arch, model, device: str = "cpu") -> ModeResult:
     with tempfile.TemporaryDirectory(prefix="zoo-static-kernels-") as build_dir:
         config = rewrite.CompilerConfig()
         config.mode = "reduce-overhead"
@@ -187,18 +194,18 @@ def run_reduce_overhead(arch: Arch, model) -> ModeResult:
         compiled, backend = _compile(model, config)
         calls = _Calls()
         for k in range(3):
-            calls.check(f"call {k + 1}", compiled, model, arch.inputs(BATCH, seed=100 + k))
+            calls.check(f"call {k + 1}", compiled, model, _inputs(arch, BATCH, 100 + k, device))
     notes = [x for x in _notes(backend) if "unplanned" in x or "keeps its executor" in x]
     problems = calls.problems + (["not planned: " + " | ".join(notes)] if notes else [])
     return ModeResult("reduce-overhead", not problems, calls.worst, "; ".join(problems))
 
 
-def run_gears(arch: Arch, model, first_batch: int = GEARS[0]) -> ModeResult:
+def run_gears(arch: Arch, model, first_batch: int = GEARS[0], device: str = "cpu") -> ModeResult:
     """Gears on dim 0 of every input, set on the first call (at ``first_batch``), then a call at every gear."""
     from torch._dynamo.utils import counters
 
     compiled, backend = _compile(model, rewrite.CompilerConfig())
-    first = arch.inputs(first_batch, seed=200)
+    first = _inputs(arch, first_batch, 200, device)
     for t in first.values():
         rewrite.inference.set_dim_gears(t, dim_gears={0: list(GEARS)})
     counters.clear()
@@ -206,7 +213,7 @@ def run_gears(arch: Arch, model, first_batch: int = GEARS[0]) -> ModeResult:
     try:
         calls.check(f"first call (batch {first_batch})", compiled, model, first)
         for b in GEARS:
-            calls.check(f"batch {b}", compiled, model, arch.inputs(b, seed=300 + b))
+            calls.check(f"batch {b}", compiled, model, _inputs(arch, b, 300 + b, device))
     finally:
         from rewrite.gears.spec import restore_size_oblivious
 
@@ -220,10 +227,10 @@ def run_gears(arch: Arch, model, first_batch: int = GEARS[0]) -> ModeResult:
 RUNNERS = {"default": run_default, "reduce-overhead": run_reduce_overhead, "gears": run_gears}
 
 
-def run_arch(arch: Arch, modes=MODES, verbose: bool = False) -> ArchResult:
+def run_arch(arch: Arch, modes=MODES, verbose: bool = False, device: str = "cpu") -> ArchResult:
     """Every mode on a fresh Dynamo; a mode that raises is a failure naming the exception."""
     t0 = time.perf_counter()
-    model = arch.model()
+    model = arch.model().to(device)
     results = {}
     for mode in modes:
         torch._dynamo.reset()
@@ -231,7 +238,7 @@ def run_arch(arch: Arch, modes=MODES, verbose: bool = False) -> ArchResult:
         flag = torch.fx.experimental._config.backed_size_oblivious
         try:
             with torch.no_grad():
-                r = RUNNERS[mode](arch, model)
+                r = RUNNERS[mode](arch, model, device=device)
         except Exception as e:  # noqa: BLE001 - reported in the table, with the traceback when verbose
             first_line = (str(e).strip().splitlines() or [""])[0]
             r = ModeResult(mode, False, math.inf, f"{type(e).__name__}: {first_line[:300]}")
