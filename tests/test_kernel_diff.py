@@ -414,6 +414,33 @@ def _constant_pad(rng) -> Case:
                 exact=True)
 
 
+def _max_pool(rng) -> Case:
+    """2-D max pooling with indices on [N, C, H, W] in any layout: windows with padding, strides, dilation and
+    ceil mode; values from a few integers so windows hold ties (the first maximum's index wins), NaN and inf."""
+    dtype = _dtype(rng, 0.3)
+    while True:
+        h, w = rng.randint(1, 12), rng.randint(1, 12)
+        kernel = [rng.randint(1, 4), rng.randint(1, 4)]
+        stride = rng.choice([[], [rng.randint(1, 3), rng.randint(1, 3)]])
+        padding = [rng.randint(0, kernel[0] // 2), rng.randint(0, kernel[1] // 2)]
+        dilation = [rng.choice([1, 1, 2]), rng.choice([1, 1, 2])]
+        ceil = rng.random() < 0.3
+        x = torch.randint(-3, 4, [rng.choice([1, 2, 3]), rng.choice([1, 3, 8, 17]), h, w]).to(dtype)
+        try:
+            aten.max_pool2d_with_indices.default(x, kernel, stride, padding, dilation, ceil)
+            break
+        except RuntimeError:  # an output size of 0 or less: draw again
+            continue
+    if rng.random() < 0.5:
+        x = x * rng.choice([1.0, -0.0, 1e-3])  # -0.0 scaling: signed zeros tie with zeros
+    if rng.random() < 0.2:
+        for _ in range(rng.randint(1, 3)):
+            x.view(-1)[rng.randrange(x.numel())] = rng.choice([math.nan, math.inf, -math.inf])
+    x = _layout(rng, x, 0.6)
+    return Case("max_pool2d_with_indices", aten.max_pool2d_with_indices.default,
+                (x, kernel, stride, padding, dilation, ceil), exact=True)
+
+
 def _reduction(rng) -> Case:
     """sum / mean over a random set of dims, keepdim or not, of a tensor in any layout."""
     dtype = _dtype(rng)
@@ -431,7 +458,7 @@ def _reduction(rng) -> Case:
 # how often each family is drawn
 _FAMILIES = [(_unary, 6), (_binary, 6), (_compare, 3), (_select, 2), (_clamps, 2), (_gelu, 1), (_copy, 3),
              (_layer_norm, 3), (_softmax, 3), (_gemm, 4), (_embedding, 1), (_cat, 2), (_batch_norm, 2),
-             (_constant_pad, 2), (_reduction, 2)]
+             (_constant_pad, 2), (_reduction, 2), (_max_pool, 2)]
 
 
 def draw(index: int, seed: int = SEED) -> Case:
