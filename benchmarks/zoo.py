@@ -370,8 +370,8 @@ def _summary(rows: list[dict], batch: int) -> list[str]:
         f"  - rewrite at or below Inductor's default: {len(both) - len(not_below)}/{len(both)} rows"
         f" (not: {', '.join(not_below) or 'none'})",
         f"  - rewrite slower than eager: {', '.join(slower_eager) or 'none'}",
-        f"  - rules on slower than rules off by more than {round((RULES_SLOWER - 1) * 100)}%: "
-        f"{', '.join(rules_hurt) or 'none'}",
+        f"  - rules on slower than rules off by more than {round((RULES_SLOWER - 1) * 100)}% here (one compile order, "
+        f"eight contenders in turn: noisy; benchmarks/rules_ab.py measures the pair): {', '.join(rules_hurt) or 'none'}",
         f"  - rewrite's compile + tier-up at most half of Inductor default's compile: {len(half)}/{len(comp)} rows",
     ]
 
