@@ -7,7 +7,7 @@ up to 7%. This script measures only that pair, so the ratio can be told from noi
 * per architecture of `zoo.ARCHS` and batch: rewrite with frozen weights (``rewrite-frozen``) and the same
   with the speed rules of `optimizer.ISSUE_RULES` disabled (``rewrite-frozen-rules-off``);
 * two pairs, each on a fresh Dynamo and its own code objects: on compiled first, then off compiled first
-  (the contender compiled first has run ~7% slower in this process in earlier A/B runs; the geometric
+  (the compile order alone moved the ratio by 3-8% in A/B runs here, in either direction; the geometric
   mean of the two orders cancels that);
 * both past their tier-up, outputs compared with eager, then ``--rounds`` rounds in which the two take
   turns call by call; the ratio of the medians per pair;
@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -38,7 +37,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from _results import machine_line, markdown_table, record_section, save_plot  # noqa: E402
 from optimizer import ISSUE_RULES, WARMUP  # noqa: E402
-from zoo import ARCHS, BATCHES, _compiled  # noqa: E402
+from zoo import ARCHS, BATCHES, _compiled, _timed_rounds  # noqa: E402
 
 from tests.zoo import BY_NAME, compare, prepare_environment  # noqa: E402
 
@@ -62,12 +61,10 @@ def _pair(arch, batch: int, first: str, rounds: int, build_dir: str) -> float:
         if not ok:
             raise AssertionError(f"{arch.name} b{batch} {contender}: differs from eager: {why}")
         fns[contender] = fn
-    times = {c: [] for c in fns}
-    for _ in range(rounds):
-        for c, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(**inputs)
-            times[c].append(time.perf_counter() - t0)
+    status = {c: ("ok", "") for c in fns}
+    times = _timed_rounds(fns, inputs, rounds, status)
+    if failed := {c: why for c, (state, why) in status.items() if state != "ok"}:
+        raise RuntimeError(f"{arch.name} b{batch}: {failed}")
     return statistics.median(times[ON]) / statistics.median(times[OFF])
 
 
