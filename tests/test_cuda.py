@@ -136,6 +136,25 @@ def test_inductor_kernels_on_cuda():
         _check(compiled, model, _ids(batch, seed=batch))
 
 
+class _CausalAttention(torch.nn.Module):
+    """Attention under a causal mask made from sizes alone, so the compiler folds it to a constant (as a
+    decoder's mask in bart, marian, pegasus): 6 keys, not a multiple of the memory-efficient kernel's alignment."""
+
+    def forward(self, q):
+        n = q.shape[-2]
+        mask = torch.triu(torch.full((n, n), torch.finfo(q.dtype).min, device=q.device), 1)
+        return torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=mask)
+
+
+@pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])  # max-autotune: the default mode
+def test_a_folded_attention_mask_of_unaligned_width_runs(mode):
+    model = _CausalAttention()
+    compiled, _ = _compile(model, rewrite.CompilerConfig(mode=mode))
+    for seed in range(3):
+        q = torch.randn(2, 2, 6, 8, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        _check(compiled, model, q)
+
+
 def test_auto_streams_on_cuda_match_eager():
     model = _on_cuda(models.bert())
     config = rewrite.CompilerConfig()

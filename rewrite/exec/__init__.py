@@ -26,6 +26,7 @@ from ..unit import CompileUnit, as_unit
 from ..waits import order_with_waits, resolve_waits
 from .codegen import compile_graph_to_python
 from .direct import direct_call
+from .layouts import align_attention_biases
 from .program import PlannedProgram, device_of, program_for
 from .streams import StreamPlan, plan_streams
 
@@ -115,6 +116,7 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
     """
     unit = as_unit(unit, graph.name, report)
     config, report, policy = unit.config, unit.report, unit.policy
+    align_attention_biases(graph)  # the kernels' layouts, whichever executor runs the graph
     waits = resolve_waits(graph)
     if waits:  # a cycle is an error whichever way the graph runs
         order_with_waits(graph, waits)
