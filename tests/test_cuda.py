@@ -155,6 +155,36 @@ def test_a_folded_attention_mask_of_unaligned_width_runs(mode):
         _check(compiled, model, q)
 
 
+class _LeftPaddedAttention(torch.nn.Module):
+    """Attention written out as transformers' eager attention does (codegen): ``softmax((qk + mask) / sqrt(d))``
+    with a causal and padding mask of finfo.min, so a left-padded query row has every key masked."""
+
+    def forward(self, x, keep):
+        n, d = x.shape[-2], x.shape[-1]
+        causal = torch.arange(n, device=x.device)[None, :] <= torch.arange(n, device=x.device)[:, None]
+        allowed = causal[None] & keep.bool()[:, None, :]
+        mask = torch.where(allowed, 0.0, torch.finfo(x.dtype).min)
+        weights = torch.softmax((x @ x.transpose(-1, -2) + mask) / d ** 0.5, dim=-1)
+        return weights @ x
+
+
+@pytest.mark.parametrize("fields", [{"exec.kernels": "inductor"},
+                                    {"mode": "reduce-overhead",
+                                     "experimental_config.aclgraph._aclnn_static_shape_kernel": True}])
+def test_fully_masked_rows_match_eager_on_inductor_kernels(fields, private_home):
+    model = _LeftPaddedAttention()
+    config = rewrite.CompilerConfig(**fields)
+    config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = str(private_home)
+    compiled, _ = _compile(model, config)
+    keep = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [1] * 8], device="cuda")
+    for seed in range(3):
+        x = torch.randn(2, 8, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        with torch.no_grad():
+            got, want = compiled(x, keep), model(x, keep)
+        assert not got.isnan().any(), "a fully masked row became NaN"
+        torch.testing.assert_close(got, want, **TOLERANCES[torch.float32])
+
+
 def test_auto_streams_on_cuda_match_eager():
     model = _on_cuda(models.bert())
     config = rewrite.CompilerConfig()

@@ -13,7 +13,13 @@ ShapeEnv (inputs sharing a symbol share it there too), and Inductor generates si
 Numerics: results must be what eager computes. Inductor's fused ``var_mean`` (a Welford
 reduction) returns a mean of ``inf`` for a row holding ``inf`` where ATen's kernel returns
 ``nan``; such ops run as ATen kernels inside the Inductor graph (`EAGER_NUMERICS`: a custom op
-Inductor cannot lower becomes a call of the ATen kernel).
+Inductor cannot lower becomes a call of the ATen kernel). On CUDA, Inductor turns a division by a
+constant into a product and lets Triton contract products into FMAs; a masked row of an attention
+(``(qk + finfo.min) / sqrt(d)``, then softmax) then subtracts its maximum from an unrounded product,
+and the rounding error of a product near -1.2e38 (about 3e30) makes ``exp`` of it 0 or inf: every
+fully masked row became NaN (the codegen model of the zoo, left-padded, on an H200). Eager rounds
+each op, so the graphs are compiled with ``emulate_precision_casts`` (no contraction; low-precision
+intermediates rounded as eager rounds them).
 """
 from __future__ import annotations
 
@@ -175,7 +181,8 @@ def compile_with_inductor(graph: Graph):
             table = {**select_decomp_table(), **{op: functools.partial(unfused_linear, op) for op in FUSED_LINEARS}}
             with fake_mode:
                 lowered = make_fx(gm, decomposition_table=table)(*fake)
-            compiled = compile_fx_inner(lowered, fake)
+            with torch._inductor.config.patch(emulate_precision_casts=True):
+                compiled = compile_fx_inner(lowered, fake)
     except CompileError:
         raise
     except Exception as e:
