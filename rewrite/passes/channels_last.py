@@ -50,6 +50,8 @@ _TUPLES = ops.BATCH_NORMS | ops.overloads("max_pool2d_with_indices.default")
 # Ops whose result keeps their image input's layout (verified in tests/test_channels_last.py).
 _IMAGE_OPS = ops.overloads("constant_pad_nd.default", "avg_pool2d.default", "_adaptive_avg_pool2d.default",
                            "adaptive_avg_pool2d.default", "max_pool2d.default")
+# Views that may flatten an image's height and width (a patch embedding's tokens, `_tokens_of`).
+_FLATTENS = ops.overloads("view.default", "reshape.default", "_unsafe_view.default")
 # Reductions that read a channels-last image as it is when they reduce its height and width.
 _SPATIAL_REDUCTIONS = ops.overloads("mean.dim", "sum.dim_IntList", "amax.default")
 # A region goes channels-last with at least this many convolutions, unless its convolutions timed alone
@@ -58,7 +60,8 @@ _SPATIAL_REDUCTIONS = ops.overloads("mean.dim", "sum.dim_IntList", "amax.default
 # pooling and the weights' copies run channels-last too (static kernels walk it in memory order): the
 # zoo's ResNet at batch 1 measures 17% slower alone and ran 8% faster, at batch 8 from 17% faster to
 # 0.5% slower alone (two fresh measurements) and ran 26% faster; EfficientNet 20-25% faster, ConvNeXt and
-# SegFormer 5-12% (benchmarks/zoo.py, paired). One convolution alone, between two copies, is left as it is.
+# SegFormer 5-12% (benchmarks/zoo.py, paired). One convolution alone, between two copies, is left as it is;
+# one whose readers need no copy back (a patch embedding, `_tokens_of`) is measured like a region.
 MIN_CONVOLUTIONS = 2
 MAX_LOSS = 0.25
 
@@ -84,7 +87,8 @@ def channels_last_convolutions(graph: Graph, kernel_times) -> int:
         contiguous_s = sum(candidates[c][0] for c in convolutions)
         gain = contiguous_s - sum(candidates[c][1] for c in convolutions)
         copies = _border_copies(by_id, region, candidates, everywhere, users)
-        worth = len(convolutions) >= MIN_CONVOLUTIONS and gain - copies >= -MAX_LOSS * contiguous_s
+        enough = len(convolutions) >= MIN_CONVOLUTIONS or _leaves_as_it_is(by_id, region, everywhere, users)
+        worth = enough and gain - copies >= -MAX_LOSS * contiguous_s
         log.debug("channels-last: a region of %d convolutions (%.1f us) gains %.1f us, its copies cost %.1f us: %s",
                   len(convolutions), contiguous_s * 1e6, gain * 1e6, copies * 1e6, "taken" if worth else "left")
         if worth:
@@ -149,7 +153,7 @@ def _border_copies(by_id: dict, region: set, candidates: dict, channels_last: se
     seconds = sum(_copy_s(image.meta) for i, image in images.items() if i not in channels_last)
     for i in region:
         value = by_id[i]
-        if isinstance(value.meta, TensorMeta) and any(not _reads_as_it_is(u, value, channels_last)
+        if isinstance(value.meta, TensorMeta) and any(not _reads_as_it_is(u, value, channels_last, users)
                                                       for u in users.get(i, ())):
             seconds += _copy_s(value.meta)
     return seconds
@@ -218,7 +222,7 @@ def _broadcast_over_image(meta) -> bool:
     return len(padded) == 4 and padded[2] == 1 and padded[3] == 1
 
 
-def _reads_as_it_is(reader: Node, value: Node, channels_last: set) -> bool:
+def _reads_as_it_is(reader: Node, value: Node, channels_last: set, users: dict) -> bool:
     """Whether ``reader`` may read the channels-last ``value`` without a conversion."""
     if reader.id in channels_last:
         if reader.target is _CONVOLUTION:
@@ -227,7 +231,38 @@ def _reads_as_it_is(reader: Node, value: Node, channels_last: set) -> bool:
     if reader.kind == "call" and reader.target in _SPATIAL_REDUCTIONS and reader.args and reader.args[0] is value:
         dims = ops.bind_arguments(reader.target, reader.args, reader.kwargs).get("dim")
         return dims is not None and {d % 4 for d in dims} >= {2, 3}
+    return _tokens_of(reader, value, users)
+
+
+def _tokens_of(reader: Node, value: Node, users: dict) -> bool:
+    """``reader`` flattens the image ``value`` into (N, C, H*W) for its readers, which all swap the last two
+    dims: a patch embedding's ``conv(x).flatten(2).transpose(1, 2)`` (ViT, Swin, SegFormer). Of a
+    channels-last image the tokens are a view and contiguous (eager copies them, or a LayerNorm reads
+    them strided); the flattening becomes a reshape (`views_as_reshapes`), so any layout means the same."""
+    if reader.kind != "call" or reader.target not in _FLATTENS or not reader.args or reader.args[0] is not value \
+            or not isinstance(reader.meta, TensorMeta) or not isinstance(value.meta, TensorMeta):
+        return False
+    n, c, h, w = (int(s) for s in value.meta.shape)
+    if tuple(int(s) for s in reader.meta.shape) != (n, c, h * w):
+        return False
+    readers = users.get(reader.id, ())
+    return bool(readers) and all(_swaps_last_two(u) for u in readers)
+
+
+def _swaps_last_two(n: Node) -> bool:
+    if n.kind != "call" or not n.args:
+        return False
+    if n.target is aten.permute.default:
+        return [d % 3 for d in n.args[1]] == [0, 2, 1]
+    if n.target is aten.transpose.int:
+        return {d % 3 for d in n.args[1:3]} == {1, 2}
     return False
+
+
+def _leaves_as_it_is(by_id: dict, region: set, channels_last: set, users: dict) -> bool:
+    """Whether every reader outside ``region`` reads its channels-last values without a copy back."""
+    return all(_reads_as_it_is(u, by_id[i], channels_last, users) for i in region
+               if isinstance(by_id[i].meta, TensorMeta) for u in users.get(i, ()))
 
 
 def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: set) -> None:
@@ -249,7 +284,7 @@ def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: 
         if image.id not in channels_last:
             conv.args = (channels_last_copy(image, conv),) + conv.args[1:]
     for value in [n for n in graph.nodes if n.id in channels_last - eager and isinstance(n.meta, TensorMeta)]:
-        exits = [u for u in users.get(value.id, ()) if not _reads_as_it_is(u, value, channels_last)]
+        exits = [u for u in users.get(value.id, ()) if not _reads_as_it_is(u, value, channels_last, users)]
         if not exits:
             continue
         first = min(exits, key=lambda u: position[u.id])
