@@ -369,6 +369,18 @@ def _embedding(rng) -> Case:
     return Case("embedding", aten.embedding.default, (w, ids, padding), exact=True)
 
 
+def _index(rng) -> Case:
+    """``x[i]`` with one int64 index tensor: rows of any layout, negative indices (an index out of range:
+    tests/test_static_kernels.py)."""
+    dtype = _dtype(rng)
+    shape = _shape(rng, rng.choice([1, 2, 3]), zero=0.0)
+    x = _layout(rng, _values(rng, shape, dtype), 0.4)
+    n = shape[0]
+    g = torch.Generator().manual_seed(rng.getrandbits(62))
+    ids = torch.randint(-n, n, _shape(rng, rng.choice([0, 1, 2]), big=0.0), generator=g)
+    return Case("index", aten.index.Tensor, (x, [_layout(rng, ids, 0.4)]), exact=True)
+
+
 def _cat(rng) -> Case:
     shape = _shape(rng, rng.choice([1, 2, 3, 4]), zero=0.0)
     rank = len(shape)  # a big shape has its own rank
@@ -408,8 +420,9 @@ def _constant_pad(rng) -> Case:
     shape = _shape(rng, rng.choice([1, 2, 3, 4]), zero=0.05, big=0.0)
     x = _layout(rng, _values(rng, shape, dtype), 0.5)
     pad = [rng.choice([0, 0, 1, 2, 3]) for _ in range(2 * rng.randint(1, len(shape)))]
-    if rng.random() < 0.1:
-        pad[rng.randrange(len(pad))] = -1
+    croppable = [i for i in range(len(pad)) if shape[-(i // 2 + 1)] >= 1]  # no dim cropped below size 0
+    if croppable and rng.random() < 0.1:
+        pad[rng.choice(croppable)] = -1
     return Case("constant_pad_nd", aten.constant_pad_nd.default, (x, pad, rng.choice([0.0, 0.0, -1.5, math.inf])),
                 exact=True)
 
@@ -458,7 +471,7 @@ def _reduction(rng) -> Case:
 # how often each family is drawn
 _FAMILIES = [(_unary, 6), (_binary, 6), (_compare, 3), (_select, 2), (_clamps, 2), (_gelu, 1), (_copy, 3),
              (_layer_norm, 3), (_softmax, 3), (_gemm, 4), (_embedding, 1), (_cat, 2), (_batch_norm, 2),
-             (_constant_pad, 2), (_reduction, 2), (_max_pool, 2)]
+             (_constant_pad, 2), (_reduction, 2), (_max_pool, 2), (_index, 1)]
 
 
 def draw(index: int, seed: int = SEED) -> Case:

@@ -318,6 +318,32 @@ def test_embedding_index_out_of_range_raises_like_eager(home):
         compiled(bad)
 
 
+class _Lookup(torch.nn.Module):
+    """A relative-position-bias gather (Swin, BEiT): a table's rows picked by an index tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(7, 3))
+
+    def forward(self, idx):
+        return self.table[idx] * 2.0
+
+
+def test_index_gathers_rows_like_eager_and_raises_like_eager_out_of_range(home):
+    model = _Lookup().eval()
+    backend = rewrite.get_backend(_config(home))
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    idx = torch.tensor([[0, -1, 6], [3, -7, 2]])
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(idx), model(idx), rtol=0, atol=0)
+    bad = torch.tensor([[0, 7, 1], [0, 0, 0]])
+    with pytest.raises(IndexError):
+        model(bad)
+    with pytest.raises(IndexError, match=r"%index"), torch.no_grad():  # the node's name: the static kernel raised
+        compiled(bad)
+
+
 # -- generated kernels against ATen, op by op ----------------------------------------------------------------
 
 def _layout(t: torch.Tensor) -> dict:

@@ -17,7 +17,8 @@ What gets a kernel (everything else runs its ATen kernel):
   for weights that are constants, MKL's packed GEMM (``cblas_sgemm_compute`` on a weight packed once
   by ``mkl::_mkl_reorder_linear_weight``, what Inductor's freezing uses); the addresses reach the
   library at load time (`compiler.Library`);
-* ``embedding`` (an index out of range is error 1, raised as IndexError) and copies (``clone``,
+* ``embedding`` and ``index.Tensor`` with one index tensor (an index out of range is error 1, raised as
+  IndexError) and copies (``clone``,
   ``_to_copy`` between float dtypes, ``cat``, ``constant_pad_nd``);
 * inference batch norm (``_native_batch_norm_legit_no_training``) and 2-D max pooling with indices
   (``max_pool2d_with_indices``) at any strides, channels-last too;
@@ -35,7 +36,7 @@ from .signature import value_of
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 9  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean; 9: max pooling
+VERSION = 10  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean; 9: max pooling; 10: index
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
@@ -830,6 +831,39 @@ def _embedding(sig, symbol):
                      sig)
 
 
+def _index(sig, symbol):
+    """``index.Tensor(x, [i])``: rows of ``x`` (along dim 0) picked by one int64 index tensor, negative indices
+    counted from the end as ATen counts them; an index out of range is error 1 (IndexError)."""
+    args = _args(sig)
+    refs = args["indices"].get("tensors") if isinstance(args["indices"], dict) else None
+    if not refs or len(refs) != 1:
+        raise Unsupported
+    X, I, O = sig["inputs"][args["self"]["tensor"]], sig["inputs"][refs[0]], sig["outputs"][0]
+    if not X["size"] or X["dtype"] not in _CTYPE or O["dtype"] != X["dtype"] or I["dtype"] != "int64":
+        raise Unsupported
+    count, rank = X["size"][0], len(X["size"])
+    if rank == 1:  # each row one element; the output is shaped like the index
+        row, row_stride = 1, X["stride"][0]
+        O = {"size": O["size"] + [1], "stride": O["stride"] + [1]}
+    else:
+        _, row, row_stride = _rows(X, rank - 1)
+    rows, n, ors = _rows(O, max(rank - 1, 1))
+    if n != row or rows != _numel(I["size"]) or count == 0:
+        raise Unsupported
+    T = _CTYPE[X["dtype"]]
+    xi, ii = args["self"]["tensor"], refs[0]
+
+    def body(ix):
+        return [f"int64_t id = x{ii}[{ix[0]}];",
+                f"if (id < 0) id += {count}LL;",
+                f"if (id < 0 || id >= {count}LL) return 1;",
+                f"memcpy(y0 + (at++) * {ors}LL, x{xi} + id * {row_stride}LL, {row}LL * sizeof({T}));"]
+
+    return _function(symbol, ["  int64_t at = 0;"] + _loops(list(I["size"]), [I["stride"]], body, False, simd=False,
+                                                            in_memory_order=False),  # rows in index order
+                     sig)
+
+
 def _cat(sig, symbol):
     args = _args(sig)
     out = sig["outputs"][0]
@@ -865,6 +899,7 @@ _FAMILIES.update({
     "aten.addmm.default": lambda sig, symbol: _mm(sig, symbol, True),
     "aten.bmm.default": _bmm,
     "aten.embedding.default": _embedding,
+    "aten.index.Tensor": _index,
     "aten.cat.default": _cat,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm,
     "aten.constant_pad_nd.default": _constant_pad,
