@@ -136,6 +136,33 @@ def test_one_convolution_alone_stays_as_it_is():
         torch.testing.assert_close(got, conv(x), rtol=1e-5, atol=1e-5)
 
 
+class PatchEmbedding(torch.nn.Module):
+    """ViT / Swin's stem: a strided convolution whose image becomes tokens, then a LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 2, stride=2)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.conv(x).flatten(2).transpose(1, 2))
+
+
+@pytest.mark.parametrize("faster", ["channels_last", "contiguous"])
+def test_a_patch_embedding_convolution_alone_goes_channels_last_without_a_copy_back(faster):
+    torch.manual_seed(2)
+    model = PatchEmbedding().eval()
+    x = torch.randn(2, 3, 8, 8)
+    ops, got, _ = _compiled_graph_ops(model, x, faster)
+    converted = ops.get("aten.clone.default", 0)  # the image (and weight) copied channels-last on the way in
+    assert (converted > 0) == (faster == "channels_last"), ops
+    assert "aten.contiguous.default" not in ops  # the tokens of a channels-last image are contiguous as they are
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.stride() == want.stride()
+
+
 def test_convolutions_eager_already_runs_channels_last_are_left_alone():
     """ConvNeXt's blocks permute NHWC tensors to NCHW: already channels-last, nothing to convert."""
 
