@@ -215,3 +215,69 @@ def test_cli_lists_rules_and_reports_a_bad_module(capsys):
     assert "shape.noops" in listing and "view_same_shape" in listing and "keeps dtype+shape" in listing
     assert main(["check-rules", "no_such_module_anywhere"]) == 2
     assert "cannot import module 'no_such_module_anywhere'" in capsys.readouterr().err
+
+
+def _binding_samples():
+    """One call per overload generated code may call through its Python binding (rewrite.ops.PYTHON_BINDINGS)."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 6, 6, generator=g)
+    m = torch.randn(4, 5, generator=g)
+    w = torch.randn(5, 3, generator=g)
+    q = torch.randn(1, 2, 4, 8, generator=g)
+    c = torch.rand(3, generator=g) + 0.5
+    return {
+        aten.convolution.default: (x, torch.randn(4, 3, 3, 3, generator=g), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        aten.addmm.default: (torch.randn(3, generator=g), m, w),
+        aten.mm.default: (m, w),
+        aten.bmm.default: (q[0], q[0].transpose(1, 2)),
+        aten.baddbmm.default: (q[0, :, :, :4], q[0], q[0].transpose(1, 2)[:, :, :4]),
+        aten.permute.default: (x, [0, 2, 3, 1]),
+        aten.t.default: (m,),
+        aten.transpose.int: (x, 1, -1),
+        aten.unsqueeze.default: (m, 1),
+        aten.squeeze.dim: (m[:1], 0),
+        aten.select.int: (x, 1, 2),
+        aten.view.default: (m, [5, 4]),
+        aten.expand.default: (c.view(3, 1), [3, 4]),
+        aten.native_layer_norm.default: (m, [5], torch.ones(5), torch.zeros(5), 1e-5),
+        aten._softmax.default: (m, -1, False),
+        aten._log_softmax.default: (m, 0, False),
+        aten.clone.default: (x.transpose(1, 2),),
+        aten.cat.default: ([m, m], 1),
+        aten.embedding.default: (w, torch.tensor([[0, 4], [2, 1]])),
+        aten.constant_pad_nd.default: (x, [1, 2], 0.5),
+        aten._native_batch_norm_legit_no_training.default: (x, c, c, c, c, 0.1, 1e-5),
+        aten._scaled_dot_product_flash_attention_for_cpu.default: (q, q, q),
+        aten.mean.dim: (x, [2, 3], True),
+        aten.sum.dim_IntList: (x, [1]),
+        aten.amax.default: (x, [0]),
+        aten.relu.default: (m,), aten.tanh.default: (m,), aten.sigmoid.default: (m,), aten.exp.default: (m,),
+        aten.rsqrt.default: (c,), aten.sqrt.default: (c,), aten.neg.default: (m,), aten.abs.default: (m,),
+        aten.erf.default: (m,), aten.gelu.default: (m,), aten.silu.default: (m,),
+        aten.hardtanh.default: (m, 0.0, 6.0),
+        aten.max_pool2d_with_indices.default: (x, [2, 2], [2, 2]),
+    }
+
+
+def test_python_bindings_compute_what_their_overloads_compute():
+    from rewrite.ops import PYTHON_BINDINGS, TENSOR_BINDINGS, kernel_of
+
+    samples = _binding_samples()
+    assert set(samples) == set(PYTHON_BINDINGS)  # every binding the executors use is checked here
+    aten = torch.ops.aten
+    kw = {aten.gelu.default: {"approximate": "tanh"}}
+    for op, args in samples.items():
+        fn = kernel_of(op)
+        assert fn is PYTHON_BINDINGS[op] and fn.__name__ == op.overloadpacket.__name__, op
+        got, want = fn(*args, **kw.get(op, {})), op._op(*args, **kw.get(op, {}))
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), op
+            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=str(op))
+    a, b = torch.randn(3, 4), torch.randn(4)
+    for op in TENSOR_BINDINGS:
+        args = (a > 0, a, b) if op is aten.where.self else (a, b)
+        assert kernel_of(op, all_tensors=True) is TENSOR_BINDINGS[op]
+        torch.testing.assert_close(TENSOR_BINDINGS[op](*args), op._op(*args), rtol=0, atol=0)
+        assert kernel_of(op) == op._op  # with a Python number among the operands the binding could mean .Scalar
+    assert kernel_of(aten.index.Tensor) == aten.index.Tensor._op and kernel_of(len) is len

@@ -1,6 +1,6 @@
 """The default kernel backend: a graph becomes one straight-line Python function.
 
-Each op is a direct call of its ATen kernel (``OpOverload._op``, skipping the Python wrapper),
+Each op is a direct call of its generated Python binding or ATen kernel (`rewrite.ops.kernel_of`),
 constants and kernels are pre-bound as globals of the generated function, and every intermediate
 is dropped right after its last reader so memory is released as early as eager would.
 """
@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 
 from ..fx_bridge import CompileError
-from ..ir import Graph, Node
+from ..ir import Graph, Node, TensorMeta
+from ..ops import kernel_of
 
 __all__ = ["generate_source", "compile_graph_to_python", "Emitter", "safe_name"]
 
@@ -111,7 +112,7 @@ class Emitter:
             return f"({args[0]} {_INLINE_BINARY[t]} {args[1]})"
         if t is operator.neg and len(args) == 1:
             return f"(-{args[0]})"
-        fn = t._op if isinstance(t, torch._ops.OpOverload) else t
+        fn = kernel_of(t, all_tensors=all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) for a in n.args))
         # Kernel globals are named after the op, so generated code and `py` dumps read well.
         return f"{self.bind(fn, safe_name(n.op) + '_')}({', '.join(args + kwargs)})"
 
