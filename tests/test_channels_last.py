@@ -163,6 +163,37 @@ def test_a_patch_embedding_convolution_alone_goes_channels_last_without_a_copy_b
     assert got.stride() == want.stride()
 
 
+class TokensToPatches(torch.nn.Module):
+    """SegFormer's next stage: tokens back into an image (``permute(...).contiguous()``, NCHW in eager), then a
+    strided overlapping patch embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.embed = PatchEmbedding()
+        self.embed.conv = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+
+    def forward(self, tokens):
+        b, n, c = tokens.shape
+        image = self.norm(tokens).reshape(b, 4, n // 4, c).permute(0, 3, 1, 2).contiguous()
+        return self.embed(image)
+
+
+def test_a_convolution_reads_the_channels_last_source_of_a_layout_copy_as_it_is():
+    torch.manual_seed(3)
+    model = TokensToPatches().eval()
+    x = torch.randn(2, 16, 8)
+    ops, got, _ = _compiled_graph_ops(model, x, "channels_last")
+    # the weight's channels-last copy only: the image is read through the permute, no copy to NCHW and back
+    assert ops.get("aten.clone.default", 0) == 1, ops
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    ops, got, _ = _compiled_graph_ops(model, x, "contiguous")
+    assert ops.get("aten.clone.default", 0) == 1, ops  # eager's copy to NCHW, kept
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_convolutions_eager_already_runs_channels_last_are_left_alone():
     """ConvNeXt's blocks permute NHWC tensors to NCHW: already channels-last, nothing to convert."""
 

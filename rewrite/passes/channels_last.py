@@ -96,6 +96,7 @@ def channels_last_convolutions(graph: Graph, kernel_times) -> int:
     if not chosen:
         return 0
     _convert(graph, users, chosen, _channels_last_values(graph, chosen, users), eager)
+    graph.prune()  # layout copies no convolution reads any more
     # A view may now read a differently-strided tensor than in eager (an input the caller passed
     # channels-last, say): views that cannot be views of it copy instead of failing.
     views_as_reshapes(graph)
@@ -116,12 +117,15 @@ def _channels_last_values(graph: Graph, chosen: set, users: dict) -> set[int]:
 
 
 def _permuted_nhwc(n: Node) -> bool:
-    """``permute(y, [0, 3, 1, 2])`` of an image ``y`` made by a computation (not a view): channels-last."""
+    """``permute(y, [0, 3, 1, 2])`` of an image ``y`` made by a computation (not a view) or reshaped from one:
+    channels-last."""
     if n.kind != "call" or n.target is not aten.permute.default or not isinstance(n.args[0], Node):
         return False
     y = n.args[0]
+    # a computation's result, or a reshape of one (contiguous too: SegFormer's tokens reshaped into NHWC)
+    made = y.args[0] if y.kind == "call" and y.target in ops.RESHAPES and isinstance(y.args[0], Node) else y
     return [d % 4 for d in n.args[1]] == [0, 3, 1, 2] and isinstance(y.meta, TensorMeta) and y.meta.rank == 4 \
-        and y.kind == "call" and y.target not in ops.VIEWS
+        and made.kind == "call" and made.target not in ops.VIEWS
 
 
 def _regions(graph: Graph, channels_last: set, candidates: dict) -> list[set[int]]:
@@ -149,7 +153,7 @@ def _regions(graph: Graph, channels_last: set, candidates: dict) -> list[set[int
 
 def _border_copies(by_id: dict, region: set, candidates: dict, channels_last: set, users: dict) -> float:
     """Seconds of the layout copies a region needs: images converted in, values converted back out."""
-    images = {by_id[c].args[0].id: by_id[c].args[0] for c in region if c in candidates}
+    images = {(i := _image_as_read(by_id[c], channels_last)).id: i for c in region if c in candidates}
     seconds = sum(_copy_s(image.meta) for i, image in images.items() if i not in channels_last)
     for i in region:
         value = by_id[i]
@@ -202,7 +206,7 @@ def _keeps_layout(n: Node, channels_last: set, users: dict) -> bool:
             return all(u.target is operator.getitem and (u.args[1] == 0 or n.target in ops.BATCH_NORMS)
                        for u in users.get(n.id, ()))
         return True
-    if not ops.is_pointwise(n.target) or not _image(n.meta):
+    if not ops.is_pointwise(n.target) or not _image(n.meta) or _layout_copy_source(n) is not None:
         return False
     shape = tuple(n.meta.shape)
     reads_cl = False
@@ -212,6 +216,23 @@ def _keeps_layout(n: Node, channels_last: set, users: dict) -> bool:
         elif not _broadcast_over_image(t.meta):
             return False  # another full image: the result's layout is no longer the first one's
     return reads_cl
+
+
+def _layout_copy_source(n: Node) -> Node | None:
+    """``x`` when ``n`` is ``clone(x, memory_format=contiguous_format)``: a copy made for its layout alone (its
+    result is NCHW whatever ``x`` is; SegFormer's ``permute(...).contiguous()`` before a convolution)."""
+    if n.kind == "call" and n.target is aten.clone.default and isinstance(n.args[0], Node) \
+            and n.kwargs.get("memory_format") is torch.contiguous_format:
+        return n.args[0]
+    return None
+
+
+def _image_as_read(conv: Node, channels_last: set) -> Node:
+    """The tensor a channels-last ``conv`` reads for its image: its input, or the source of a layout copy of
+    it when that source is channels-last already (the copy to NCHW and back would be two copies for none)."""
+    image = conv.args[0]
+    source = _layout_copy_source(image)
+    return source if source is not None and source.id in channels_last else image
 
 
 def _broadcast_over_image(meta) -> bool:
@@ -276,13 +297,12 @@ def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: 
         return into[t.id]
 
     for conv in [n for n in graph.nodes if n.id in chosen]:
-        image, weight = conv.args[0], conv.args[1]
+        image, weight = _image_as_read(conv, channels_last), conv.args[1]
         # oneDNN copies a contiguous weight into channels-last on every call, inside its ATen kernel; a
         # copy in the graph is a static kernel in the native run beside it (a 1x1 weight is both layouts)
         if isinstance(weight, Node) and any(int(s) != 1 for s in weight.meta.shape[2:]):
             conv.args = conv.args[:1] + (channels_last_copy(weight, conv),) + conv.args[2:]
-        if image.id not in channels_last:
-            conv.args = (channels_last_copy(image, conv),) + conv.args[1:]
+        conv.args = (image if image.id in channels_last else channels_last_copy(image, conv),) + conv.args[1:]
     for value in [n for n in graph.nodes if n.id in channels_last - eager and isinstance(n.meta, TensorMeta)]:
         exits = [u for u in users.get(value.id, ()) if not _reads_as_it_is(u, value, channels_last, users)]
         if not exits:
