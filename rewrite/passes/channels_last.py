@@ -261,7 +261,7 @@ def _tokens_of(reader: Node, value: Node, users: dict) -> bool:
     channels-last image the tokens are a view and contiguous (eager copies them, or a LayerNorm reads
     them strided); the flattening becomes a reshape (`views_as_reshapes`), so any layout means the same."""
     if reader.kind != "call" or reader.target not in _FLATTENS or not reader.args or reader.args[0] is not value \
-            or not isinstance(reader.meta, TensorMeta) or not isinstance(value.meta, TensorMeta):
+            or not _image(reader.meta, rank=3) or not _image(value.meta):
         return False
     n, c, h, w = (int(s) for s in value.meta.shape)
     if tuple(int(s) for s in reader.meta.shape) != (n, c, h * w):
