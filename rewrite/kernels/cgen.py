@@ -806,6 +806,25 @@ def _bmm(sig, symbol):
 
 # -- gathers and copies -----------------------------------------------------------------------------------
 
+def _gather_rows(sig, symbol, source: int, index: int, count: int, row: int, row_stride: int, out_row_stride: int,
+                 from_end: bool) -> str:
+    """A kernel copying, for each int64 index of input ``index`` (in its logical order), row ``id`` of input
+    ``source`` (``row`` elements ``row_stride`` apart from row to row, contiguous within) into the next output
+    row; ``from_end``: negative indices count from the end, as ``x[i]`` does. Out of range is error 1."""
+    T = _CTYPE[sig["inputs"][source]["dtype"]]
+    I = sig["inputs"][index]
+
+    def body(ix):
+        wrap = [f"if (id < 0) id += {count}LL;"] if from_end else []
+        return [f"int64_t id = x{index}[{ix[0]}];", *wrap,
+                f"if (id < 0 || id >= {count}LL) return 1;",
+                f"memcpy(y0 + (at++) * {out_row_stride}LL, x{source} + id * {row_stride}LL, {row}LL * sizeof({T}));"]
+
+    return _function(symbol, ["  int64_t at = 0;"] + _loops(list(I["size"]), [I["stride"]], body, False, simd=False,
+                                                            in_memory_order=False),  # rows in index order
+                     sig)
+
+
 def _embedding(sig, symbol):
     args = _args(sig)
     W, I, O = sig["inputs"][args["weight"]["tensor"]], sig["inputs"][args["indices"]["tensor"]], sig["outputs"][0]
@@ -817,18 +836,8 @@ def _embedding(sig, symbol):
     rows, n, ors = _rows(O, 1)
     if n != dim or rows != _numel(I["size"]):
         raise Unsupported
-    T = _CTYPE[W["dtype"]]
-    wi, ii = args["weight"]["tensor"], args["indices"]["tensor"]
-    index_strides = [I["stride"]]
-
-    def body(ix):
-        return [f"int64_t id = x{ii}[{ix[0]}];",
-                f"if (id < 0 || id >= {vocab}LL) return 1;",
-                f"memcpy(y0 + (at++) * {ors}LL, x{wi} + id * {W['stride'][0]}LL, {dim}LL * sizeof({T}));"]
-
-    return _function(symbol, ["  int64_t at = 0;"] + _loops(list(I["size"]), index_strides, body, False, simd=False,
-                                                            in_memory_order=False),  # rows in index order
-                     sig)
+    return _gather_rows(sig, symbol, args["weight"]["tensor"], args["indices"]["tensor"], vocab, dim, W["stride"][0],
+                        ors, from_end=False)
 
 
 def _index(sig, symbol):
@@ -850,18 +859,7 @@ def _index(sig, symbol):
     rows, n, ors = _rows(O, max(rank - 1, 1))
     if n != row or rows != _numel(I["size"]) or count == 0:
         raise Unsupported
-    T = _CTYPE[X["dtype"]]
-    xi, ii = args["self"]["tensor"], refs[0]
-
-    def body(ix):
-        return [f"int64_t id = x{ii}[{ix[0]}];",
-                f"if (id < 0) id += {count}LL;",
-                f"if (id < 0 || id >= {count}LL) return 1;",
-                f"memcpy(y0 + (at++) * {ors}LL, x{xi} + id * {row_stride}LL, {row}LL * sizeof({T}));"]
-
-    return _function(symbol, ["  int64_t at = 0;"] + _loops(list(I["size"]), [I["stride"]], body, False, simd=False,
-                                                            in_memory_order=False),  # rows in index order
-                     sig)
+    return _gather_rows(sig, symbol, args["self"]["tensor"], refs[0], count, row, row_stride, ors, from_end=True)
 
 
 def _cat(sig, symbol):
