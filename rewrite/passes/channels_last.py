@@ -86,8 +86,9 @@ def channels_last_convolutions(graph: Graph, kernel_times) -> int:
         convolutions = [c for c in region if c in candidates]
         contiguous_s = sum(candidates[c][0] for c in convolutions)
         gain = contiguous_s - sum(candidates[c][1] for c in convolutions)
-        copies = _border_copies(by_id, region, candidates, everywhere, users)
-        enough = len(convolutions) >= MIN_CONVOLUTIONS or _leaves_as_it_is(by_id, region, everywhere, users)
+        copied_back = [by_id[i] for i in region if _exits(by_id[i], everywhere, users)]
+        copies = _border_copies(by_id, region, candidates, everywhere, copied_back)
+        enough = len(convolutions) >= MIN_CONVOLUTIONS or not copied_back
         worth = enough and gain - copies >= -MAX_LOSS * contiguous_s
         log.debug("channels-last: a region of %d convolutions (%.1f us) gains %.1f us, its copies cost %.1f us: %s",
                   len(convolutions), contiguous_s * 1e6, gain * 1e6, copies * 1e6, "taken" if worth else "left")
@@ -151,16 +152,18 @@ def _regions(graph: Graph, channels_last: set, candidates: dict) -> list[set[int
     return list(groups.values())
 
 
-def _border_copies(by_id: dict, region: set, candidates: dict, channels_last: set, users: dict) -> float:
+def _border_copies(by_id: dict, region: set, candidates: dict, channels_last: set, copied_back: list) -> float:
     """Seconds of the layout copies a region needs: images converted in, values converted back out."""
     images = {(i := _image_as_read(by_id[c], channels_last)).id: i for c in region if c in candidates}
     seconds = sum(_copy_s(image.meta) for i, image in images.items() if i not in channels_last)
-    for i in region:
-        value = by_id[i]
-        if isinstance(value.meta, TensorMeta) and any(not _reads_as_it_is(u, value, channels_last, users)
-                                                      for u in users.get(i, ())):
-            seconds += _copy_s(value.meta)
-    return seconds
+    return seconds + sum(_copy_s(value.meta) for value in copied_back)
+
+
+def _exits(value: Node, channels_last: set, users: dict) -> list[Node]:
+    """The readers of the channels-last ``value`` that must read it converted back to eager's layout."""
+    if not isinstance(value.meta, TensorMeta):
+        return []
+    return [u for u in users.get(value.id, ()) if not _reads_as_it_is(u, value, channels_last, users)]
 
 
 def _measured(n: Node, kernel_times) -> tuple[float, float] | None:
@@ -280,12 +283,6 @@ def _swaps_last_two(n: Node) -> bool:
     return False
 
 
-def _leaves_as_it_is(by_id: dict, region: set, channels_last: set, users: dict) -> bool:
-    """Whether every reader outside ``region`` reads its channels-last values without a copy back."""
-    return all(_reads_as_it_is(u, by_id[i], channels_last, users) for i in region
-               if isinstance(by_id[i].meta, TensorMeta) for u in users.get(i, ()))
-
-
 def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: set) -> None:
     position = {n.id: i for i, n in enumerate(graph.nodes)}
     into: dict[int, Node] = {}  # tensor id -> its channels-last copy (one per tensor, however many read it)
@@ -304,7 +301,7 @@ def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: 
             conv.args = conv.args[:1] + (channels_last_copy(weight, conv),) + conv.args[2:]
         conv.args = (image if image.id in channels_last else channels_last_copy(image, conv),) + conv.args[1:]
     for value in [n for n in graph.nodes if n.id in channels_last - eager and isinstance(n.meta, TensorMeta)]:
-        exits = [u for u in users.get(value.id, ()) if not _reads_as_it_is(u, value, channels_last, users)]
+        exits = _exits(value, channels_last, users)
         if not exits:
             continue
         first = min(exits, key=lambda u: position[u.id])
