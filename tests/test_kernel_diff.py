@@ -268,6 +268,9 @@ def _copy(rng) -> Case:
     if rng.random() < 0.4:
         fmt = rng.choice([None, torch.contiguous_format, torch.preserve_format])
         return Case("clone", aten.clone.default, (x,), {"memory_format": fmt} if fmt is not None else {}, exact=True)
+    if rng.random() < 0.15:  # a copy only where x is not in that layout already (else x itself: no kernel)
+        fmt = torch.channels_last if x.dim() == 4 and rng.random() < 0.5 else torch.contiguous_format
+        return Case("contiguous", aten.contiguous.default, (x,), {"memory_format": fmt}, exact=True)
     dtype = rng.choice([torch.float32, torch.float64, torch.bool])
     if rng.random() < 0.3:  # a float attention mask: 0 where attended, the dtype's minimum where not
         x = torch.where(x > 0, torch.zeros_like(x), torch.full_like(x, torch.finfo(x.dtype).min))

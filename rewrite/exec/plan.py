@@ -10,7 +10,10 @@ From one observed run (`rewrite.exec.observe`) each call node gets a kind:
 * ``native``: a static kernel (`rewrite.kernels`) writes its result, into its buffer or, when the
   caller gets the result, into a tensor allocated for the call;
 * ``call``: the functional ATen kernel runs per call and allocates its result (ops without an
-  ``out=`` variant, results the caller keeps, anything reading per-call memory through a view).
+  ``out=`` variant, results the caller keeps, anything reading per-call memory through a view);
+* ``fused``: a step of a group of static-kernel steps that run as one kernel, the group's last step
+  (its ``native`` root, whose ``operands`` name what the group reads; `rewrite.kernels.fusion`): it
+  does not run, and its value is never made.
 
 A storage whose owner writes into planned memory and that the caller never sees becomes a buffer
 of the arena; buffers are placed by liveness (`memory.assign_offsets`), a view keeping its base
@@ -35,7 +38,7 @@ from .observe import Layout, Observation
 __all__ = ["ExecutionPlan", "NodePlan", "Buffer", "make_plan", "out_variant", "unplannable", "written_args",
            "mutated_inputs"]
 
-KINDS = ("fixed", "alias", "out", "native", "call")
+KINDS = ("fixed", "alias", "out", "native", "call", "fused")
 # Copies whose result may simply be their input when the input dies there (same layout).
 _ELIDABLE_COPIES = frozenset({torch.ops.aten.clone.default})
 
@@ -54,6 +57,7 @@ class NodePlan:
     fresh: list  # per output of a native step: allocated per call (the caller keeps it)
     kernel: str | None = None  # native: the static kernel's key
     alias_of: int | None = None  # alias: index in graph.nodes of the node whose value it takes
+    operands: list | None = None  # native root of a fused group: indices in graph.nodes of what its kernel reads
 
 
 @dataclasses.dataclass
@@ -201,8 +205,9 @@ def _has_subgraph(n: Node) -> bool:
     return any(True for _ in iter_instances((n.args, n.kwargs), Graph))
 
 
-def make_plan(graph: Graph, obs: Observation, device_type: str = "cpu", native=None) -> ExecutionPlan:
-    """Plan ``graph`` from its observed run. ``native(node, obs)`` returns a static kernel key or None."""
+def make_plan(graph: Graph, obs: Observation, device_type: str = "cpu", native=None, fuse=None) -> ExecutionPlan:
+    """Plan ``graph`` from its observed run. ``native(node, obs)`` returns a static kernel key or None;
+    ``fuse(graph, kernels)`` (node id -> key) the groups of steps that run as one kernel (`rewrite.kernels`)."""
     order = graph.nodes
     pos = {n.id: i for i, n in enumerate(order)}
     escaping = _escaping(graph, obs)
@@ -271,7 +276,26 @@ def make_plan(graph: Graph, obs: Observation, device_type: str = "cpu", native=N
         else:
             plans[pos[n.id]] = NodePlan("call", [None] * width, [False] * width)
 
-    # 4. buffers, placed by liveness
+    # 4. groups of static-kernel steps run as one kernel where their last step (the root) ran: the others do
+    # not run, and what the group reads stays alive until the root
+    if fuse is not None and kernels and not mutated_inputs(graph):  # a write to an input would move past a reader
+        native_ids = {nid: key for nid, key in kernels.items() if owner_kind.get(nid) == "native"}
+        for group in fuse(graph, native_ids):
+            root = pos[group.root.id]
+            for nid in group.members - {group.root.id}:
+                owner_kind.pop(nid, None)
+                kernels.pop(nid, None)
+                width = len(plans[pos[nid]].buffers)
+                plans[pos[nid]] = NodePlan("fused", [None] * width, [False] * width)
+            kernels[group.root.id] = plans[root].kernel = group.key
+            plans[root].operands = [pos[m.id] for m in group.inputs]
+            for m in group.inputs:
+                for f in obs.facts(m):
+                    if f is not None:
+                        for s in (f.storage, storage_of(f)):
+                            last_read[s] = max(last_read.get(s, -1), root)
+
+    # 5. buffers, placed by liveness
     storages = sorted({storage_of(f) for nid in owner_kind for f in obs.facts(order[pos[nid]])
                        if planned(storage_of(f))})
     spans = []
@@ -321,5 +345,6 @@ def _single(facts: list):
 def describe(plan: ExecutionPlan) -> str:
     c = plan.counts()
     return (f"plan {plan.graph_name}: {len(plan.buffers)} buffers in {plan.arena_bytes} bytes; "
-            f"{c['fixed']} fixed, {c['out']} out=, {c['native']} static kernels, {c['call']} per-call ops")
+            f"{c['fixed']} fixed, {c['out']} out=, {c['native']} static kernels, {c['call']} per-call ops"
+            + (f", {c['fused']} steps fused into others" if c["fused"] else ""))
 

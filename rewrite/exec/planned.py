@@ -38,7 +38,8 @@ __all__ = ["PlannedExecutable", "NativeRuns"]
 class NativeRuns:
     """How static-kernel steps are bound and run; `rewrite.kernels` provides the real one.
 
-    ``bind(key, node)`` returns ``(function address, operands)``; each operand is ``("in", Node)``
+    ``bind(key, node, reads)`` returns ``(function address, operands)``; ``reads``: the nodes a fused
+    kernel reads (None: the node's own operands). Each operand is ``("in", Node)``
     (a value of the graph), ``("out", k)`` (the node's k-th output) or ``("tensor", t)`` (memory
     the kernel reads that the plan keeps alive, e.g. packed weights). ``runner`` is the C function
     that runs a table of steps; ``error(code, nodes)`` raises the error a failed step reports.
@@ -46,7 +47,7 @@ class NativeRuns:
 
     runner = None
 
-    def bind(self, key: str, node: Node):
+    def bind(self, key: str, node: Node, reads: list | None = None):
         raise NotImplementedError
 
     def error(self, code: int, nodes: list):
@@ -170,6 +171,8 @@ class PlannedExecutable:
                 continue
             if i in self._fixed:
                 names[n.id] = f"f{i}"
+            if p.kind == "fused":  # computed inside its group's kernel, at the group's last step
+                continue
             if p.kind in ("fixed", "alias"):
                 if i not in self._fixed:  # an alias of a per-call value
                     names[n.id] = names[g.nodes[p.alias_of].id]
@@ -226,7 +229,7 @@ class PlannedExecutable:
 
         def native(m: Node) -> bool:
             p = plan.nodes.get(self._index[m.id])
-            return p is not None and p.kind == "native"
+            return p is not None and p.kind in ("native", "fused")
 
         out = set()
         for i, n in enumerate(g.nodes):
@@ -252,7 +255,8 @@ class PlannedExecutable:
     def _emit_native(self, run: _Run, i: int, n: Node, names: dict, em, guards: set) -> list:
         p = self.plan.nodes[i]
         lines = []
-        address, operands = self.native.bind(p.kernel, n)
+        reads = None if p.operands is None else [self.graph.nodes[j] for j in p.operands]
+        address, operands = self.native.bind(p.kernel, n, reads)
         run.steps.append(i)
         run.template += [address, len(operands)]
         fresh = {}

@@ -235,7 +235,8 @@ class PlannedProgram:
         graph = gear.graph
         obs = observe(graph, inputs)
         kernels = self._static_kernels()
-        gear.plan = make_plan(graph, obs, "cpu", native=kernels.decide if kernels is not None else None)
+        gear.plan = make_plan(graph, obs, "cpu", native=kernels.decide if kernels is not None else None,
+                              fuse=kernels.fuse if kernels is not None else None)
         if kernels is not None and self.policy.records_signatures:
             kernels.record(graph, obs, gear.plan)
         self.note(describe(gear.plan))

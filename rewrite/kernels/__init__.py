@@ -28,7 +28,7 @@ from ..config import REDUCE_OVERHEAD_MODES, ConfigError, is_reduce_overhead
 from ..ir import Node
 from ..ops import GEMMS, target_name
 from ..persist.folders import FolderRefused
-from . import artifact, cgen, compiler, signature
+from . import artifact, cgen, compiler, fusion, signature
 from . import store as _store
 from .store import (FolderUntrusted, KernelStore, LockBusy, StoreError, check_local_world, default_build_dir,
                     tier_up_build_dir)
@@ -189,6 +189,10 @@ class StaticKernels:
             return None
         if self._packable(node, sig, obs):
             sig["args"].append([cgen.PACKED, True])
+        return self._register(sig)
+
+    def _register(self, sig: dict) -> str | None:
+        """The key of the kernel for ``sig``, pending a build until loaded; None when there is no kernel for it."""
         key = signature.kernel_key(sig, self.context)
         if key in self._unsupported:
             return None
@@ -200,6 +204,17 @@ class StaticKernels:
         if key not in _loaded.addresses:
             self.pending[key] = sig
         return key
+
+    def fuse(self, graph, kernels: dict) -> list:
+        """The groups of ``graph``'s steps that run as one kernel (`fusion`), each with its key;
+        ``kernels``: node id -> the key `decide` gave it. A group the generator cannot fuse stays apart."""
+        groups = []
+        for group in fusion.find_groups(graph, kernels, self.signatures):
+            group.key = self._register(signature.check(fusion.fused_signature(group, kernels, self.signatures)))
+            if group.key is not None:
+                groups.append(group)
+        # The steps' own kernels stay pending: another gear of this function may run them unfused.
+        return groups
 
     def _packable(self, node: Node, sig: dict, obs) -> bool:
         """A float32 matrix product whose weight (``mat2``) is a constant stored as a row-major [N, K] matrix."""
@@ -216,12 +231,12 @@ class StaticKernels:
         for i, n in enumerate(graph.nodes):
             if n.kind != "call" or not isinstance(n.target, torch._ops.OpOverload):
                 continue
-            try:
-                sig = signature.of_node(n, obs.facts)
-            except signature.SignatureError as e:
-                sig = {"op": target_name(n.target), "note": str(e)}
             p = plan.nodes.get(i)
             key = p.kernel if p is not None and p.kind == "native" else None
+            try:  # a fused kernel's record is its own signature, its steps inside
+                sig = self.signatures[key] if key and p.operands is not None else signature.of_node(n, obs.facts)
+            except signature.SignatureError as e:
+                sig = {"op": target_name(n.target), "note": str(e)}
             data = {"graph": graph.name, "node": n.name, "signature": sig, "kernel": key}
             stem = signature.record_name(sig) if "inputs" in sig else target_name(n.target).split(".", 1)[1]
             self.store.record(stem, data, debug=True)
@@ -332,8 +347,9 @@ class StaticKernels:
     def runner(self):
         return _loaded.runner
 
-    def bind(self, key: str, node: Node):
-        inputs = signature.tensor_operands(node)
+    def bind(self, key: str, node: Node, reads: list | None = None):
+        """``reads``: the nodes a fused kernel reads (default: ``node``'s own operands)."""
+        inputs = signature.tensor_operands(node) if reads is None else reads
         width = len(node.meta) if isinstance(node.meta, tuple) else 1
         operands = [("in", m) for m in inputs] + [("out", k) for k in range(width)]
         sig = self.signatures[key]

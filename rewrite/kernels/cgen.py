@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import math
 
-from .signature import value_of
+from .signature import FUSED, value_of
 
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 10  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean; 9: max pooling; 10: index
+VERSION = 11  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean; 9: max pooling; 10: index;
+# 11: fused pointwise steps
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
@@ -298,6 +299,9 @@ _POINTWISE: dict = {
     "aten.masked_fill.Scalar": (("self", "mask", "value"), lambda e, raw, T: f"({e['mask']} ? {e['value']} : "
                                                                               f"{e['self']})"),
     "aten.clone.default": (("self",), lambda e, raw, T: e["self"]),
+    # a copy only: a plan gives an op a kernel only when it makes its own result (`plan._owns_all`), and
+    # contiguous returns its input itself when that is already contiguous
+    "aten.contiguous.default": (("self",), lambda e, raw, T: e["self"]),
     "aten._to_copy.default": (("self",), lambda e, raw, T: e["self"]),
 }
 def _add(a: str, b: str, alpha, T: str) -> str:
@@ -328,10 +332,11 @@ _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": 
 for _name, _op in _COMPARISONS.items():
     for _ov in ("Tensor", "Scalar"):
         _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"({e['self']} {op} {e['other']})")
+POINTWISE_OPS = frozenset(_POINTWISE)  # the ops `_pointwise_value` computes (a fused kernel's steps)
 _BOOL_OPERANDS = {"condition", "mask"}
 _ALLOWED_EXTRA = {"aten._to_copy.default": {"dtype", "non_blocking", "memory_format", "layout", "device",
                                             "pin_memory"},
-                  "aten.clone.default": {"memory_format"}}
+                  "aten.clone.default": {"memory_format"}, "aten.contiguous.default": {"memory_format"}}
 
 
 def _compare_type(sig, args, operand_names) -> str:
@@ -349,7 +354,11 @@ def _compare_type(sig, args, operand_names) -> str:
     return "double" if "float64" in (dims or zero_dim) else "float"
 
 
-def _pointwise(sig, symbol):
+def _pointwise_value(sig, read) -> str:
+    """The C expression of pointwise op ``sig``'s result, converted to its output's C type.
+
+    ``read(k, ctype)`` gives the expression of the op's input ``k`` converted to ``ctype`` (a loaded
+    variable in a kernel of its own, a register of an earlier step in a fused one, `_fused`)."""
     operand_names, build = _POINTWISE[sig["op"]]
     args = _args(sig)
     out = sig["outputs"][0]
@@ -373,20 +382,15 @@ def _pointwise(sig, symbol):
         T = _CTYPE[out["dtype"]]
     else:
         raise Unsupported
-    size = out["size"]
-    exprs, raw, strides, loads = {}, {}, [out["stride"]], []
+    exprs, raw = {}, {}
     for name in operand_names:
         v = args.get(name)
         raw[name] = v
         if isinstance(v, dict) and "tensor" in v:
             k = v["tensor"]
-            d = sig["inputs"][k]
-            if (name in _BOOL_OPERANDS) != (d["dtype"] == "bool"):
+            if (name in _BOOL_OPERANDS) != (sig["inputs"][k]["dtype"] == "bool"):
                 raise Unsupported
-            strides.append(_broadcast(d, size))
-            var = f"v{len(loads)}"
-            loads.append((var, k, name in _BOOL_OPERANDS))
-            exprs[name] = var
+            exprs[name] = read(k, "uint8_t" if name in _BOOL_OPERANDS else T)
         elif isinstance(v, dict) and "tensors" in v:
             raise Unsupported
         elif v is not None and not isinstance(v, str):
@@ -397,14 +401,35 @@ def _pointwise(sig, symbol):
         # toward zero (0.5 -> 0) and leaves values outside its range undefined (-3.4e38 -> 0 on x86),
         # so `(uint8_t)x` turned a float attention mask's large negative values into False (issue 24).
         # torch's bool(x) is x != 0 (NaN is True); comparisons already give 0 or 1, which this keeps.
-        store = f"(uint8_t)(({expr}) != 0)"
-    else:
-        store = f"({_CTYPE[out['dtype']]})({expr})"
+        return f"(uint8_t)(({expr}) != 0)"
+    return f"({_CTYPE[out['dtype']]})({expr})"
+
+
+class _Loads:
+    """The loads of one loop body: each (input, C type) read once, into a variable of its own."""
+
+    def __init__(self, index: list, first: int = 1):
+        self.index, self.first = index, first  # index[first + k] addresses input k
+        self.lines: list[str] = []
+        self.names: dict = {}
+
+    def read(self, k: int, ctype: str) -> str:
+        name = self.names.get((k, ctype))
+        if name is None:
+            name = self.names[(k, ctype)] = f"v{len(self.names)}"
+            self.lines.append(f"{ctype} {name} = ({ctype})x{k}[{self.index[self.first + k]}];")
+        return name
+
+
+def _pointwise(sig, symbol):
+    size = sig["outputs"][0]["size"]
+    strides = [sig["outputs"][0]["stride"]] + [_broadcast(d, size) for d in sig["inputs"]]
+    _pointwise_value(sig, lambda k, ctype: "v")  # unsupported signatures fail here, before any loop is made
 
     def body(index):
-        lines = [f"{'uint8_t' if is_bool else T} {var} = ({'uint8_t' if is_bool else T})x{k}[{index[1 + j]}];"
-                 for j, (var, k, is_bool) in enumerate(loads)]
-        return lines + [f"y0[{index[0]}] = {store};"]
+        loads = _Loads(index)
+        value = _pointwise_value(sig, loads.read)
+        return loads.lines + [f"y0[{index[0]}] = {value};"]
 
     return _function(symbol, _loops(list(size), strides, body, _numel(size) >= PARALLEL_MIN), sig)
 
@@ -569,11 +594,9 @@ def _memory_order(size: list, strides: list[list]) -> tuple[list, list[list]]:
 MAX_CHANNELS = 16384  # batch norm's per-channel terms live on the kernel's stack
 
 
-def _batch_norm(sig, symbol):
-    """Batch norm with running statistics (``_native_batch_norm_legit_no_training``), ATen's CPU formula:
-    per channel alpha = invstd * weight and beta = bias - mean * alpha with invstd = 1 / sqrt(var + eps),
-    all in the input's type (its opmath for float32 and float64), then out = x * alpha + beta (a multiply
-    and an add, no FMA, as ATen's vectorized loop) at any strides; the saved statistics it returns are empty."""
+def _batch_norm_terms(sig) -> tuple[str, int, dict, int]:
+    """(C type, input index of x, per-channel inputs, channels) of an inference batch norm's signature;
+    per-channel inputs: name -> (input index, stride) for weight, bias, running_mean, running_var."""
     args = _args(sig)
     x, out = sig["inputs"][args["input"]["tensor"]], sig["outputs"][0]
     if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or len(x["size"]) < 2 or out["size"] != x["size"] \
@@ -592,21 +615,116 @@ def _batch_norm(sig, symbol):
         d = sig["inputs"][ref["tensor"]]
         if d["dtype"] != x["dtype"] or d["size"] != [channels]:
             raise Unsupported
-        per_channel[name] = f"x{ref['tensor']}[c * {d['stride'][0]}LL]"
-    weight, bias = per_channel.get("weight", f"(({T})1)"), per_channel.get("bias", f"(({T})0)")
-    body = [f"  {T} alpha[{channels}], beta[{channels}];",
+        per_channel[name] = (ref["tensor"], d["stride"][0])
+    return T, args["input"]["tensor"], per_channel, channels
+
+
+def _batch_norm_prologue(T: str, per_channel: dict, channels: int, eps, suffix: str, source) -> list[str]:
+    """Lines filling ``alpha{suffix}``/``beta{suffix}``; ``source(k)`` names the array of input ``k``."""
+    def at(name, default):
+        if name not in per_channel:
+            return default
+        k, stride = per_channel[name]
+        return f"{source(k)}[c * {stride}LL]"
+
+    return [f"  {T} alpha{suffix}[{channels}], beta{suffix}[{channels}];",
             f"  for (int64_t c = 0; c < {channels}LL; c++) {{",
-            f"    {T} invstd = (({T})1) / {_fn('sqrt', T)}({per_channel['running_var']} + {_literal(args['eps'], T)});",
-            f"    alpha[c] = invstd * {weight};",
-            f"    beta[c] = {bias} - {per_channel['running_mean']} * alpha[c];",
+            f"    {T} invstd = (({T})1) / {_fn('sqrt', T)}({at('running_var', None)} + {_literal(eps, T)});",
+            f"    alpha{suffix}[c] = invstd * {at('weight', f'(({T})1)')};",
+            f"    beta{suffix}[c] = {at('bias', f'(({T})0)')} - {at('running_mean', None)} * alpha{suffix}[c];",
             "  }"]
-    rank = len(x["size"])
-    channel = [0, 1] + [0] * (rank - 2)  # alpha and beta read as a [1, C, 1, ...] tensor broadcast over x
-    strides = [out["stride"], x["stride"], channel]
-    body += _loops(list(x["size"]), strides, lambda ix: [
-        f"y0[{ix[0]}] = x{args['input']['tensor']}[{ix[1]}] * alpha[{ix[2]}] + beta[{ix[2]}];"],
-        _numel(x["size"]) >= PARALLEL_MIN)
+
+
+def _channel_strides(rank: int) -> list:
+    """Strides that read a per-channel array as a [1, C, 1, ...] tensor broadcast over an image."""
+    return [0, 1] + [0] * (rank - 2)
+
+
+def _batch_norm(sig, symbol):
+    """Batch norm with running statistics (``_native_batch_norm_legit_no_training``), ATen's CPU formula:
+    per channel alpha = invstd * weight and beta = bias - mean * alpha with invstd = 1 / sqrt(var + eps),
+    all in the input's type (its opmath for float32 and float64), then out = x * alpha + beta (a multiply
+    and an add, no FMA, as ATen's vectorized loop) at any strides; the saved statistics it returns are empty."""
+    T, x_at, per_channel, channels = _batch_norm_terms(sig)
+    x, out = sig["inputs"][x_at], sig["outputs"][0]
+    body = _batch_norm_prologue(T, per_channel, channels, _args(sig)["eps"], "", lambda k: f"x{k}")
+    strides = [out["stride"], x["stride"], _channel_strides(len(x["size"]))]
+    body += _loops(list(x["size"]), strides, lambda ix: [f"y0[{ix[0]}] = x{x_at}[{ix[1]}] * alpha[{ix[2]}] + beta[{ix[2]}];"],
+                   _numel(x["size"]) >= PARALLEL_MIN)
     return _function(symbol, body, sig)
+
+
+# -- fused: neighbouring pointwise steps in one loop ------------------------------------------------------
+
+_BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
+
+
+def _fused(sig, symbol):
+    """Steps of one shape in one loop (`rewrite.kernels.fusion`): pointwise ops and inference batch norms,
+    each step's result a register the later steps read, so the values between them never reach memory.
+
+    ``sig``'s ``steps`` argument lists the steps in order, each its own signature and, per input of it,
+    its source: ``["input", k]`` (input k of the fused signature) or ``["step", j]`` (an earlier step).
+    Every step computes what its own kernel would, converted to its result's type as a store would, so
+    the result is bit for bit that of the steps run one by one; only transcendental functions may differ
+    in the last bits, as between any two loops: their vector (libmvec) and scalar versions differ, and the
+    loop's shape decides which one an element gets."""
+    steps = _args(sig).get("steps")
+    if not steps or len(sig["outputs"]) != 1:
+        raise Unsupported
+    out = sig["outputs"][0]
+    size = out["size"]
+    last = steps[-1]["signature"]["outputs"][0]
+    if last["dtype"] != out["dtype"] or last["size"] != size:
+        raise Unsupported
+    prologue, in_loop, channel = [], set(), None  # in_loop: the inputs the loop reads (not only per channel)
+    for j, step in enumerate(steps):
+        step_sig = step["signature"]
+        if step_sig["outputs"][0]["size"] != size:
+            raise Unsupported
+        if step_sig["op"] == _BATCH_NORM:
+            T, x_at, per_channel, channels = _batch_norm_terms(step_sig)
+            in_loop.update(at for kind, at in step["sources"][x_at:x_at + 1] if kind == "input")
+
+            def array(k, sources=step["sources"]):
+                kind, at = sources[k]
+                if kind != "input":  # per-channel terms are read before the loop: never a step's result
+                    raise Unsupported
+                return f"x{at}"
+
+            prologue += _batch_norm_prologue(T, per_channel, channels, _args(step_sig)["eps"], str(j), array)
+            channel = len(sig["inputs"]) + 1  # index of the per-channel arrays' strides, after the inputs'
+        elif step_sig["op"] in _POINTWISE:
+            _pointwise_value(step_sig, lambda k, ctype: "v")  # unsupported steps fail here, before any loop
+            in_loop.update(at for kind, at in step["sources"] if kind == "input")
+        else:
+            raise Unsupported
+    strides = [out["stride"]] + [_broadcast(d, size) if k in in_loop else [0] * len(size)
+                                 for k, d in enumerate(sig["inputs"])]
+    if channel is not None:
+        strides.append(_channel_strides(len(size)))
+
+    def body(index):
+        loads, lines = _Loads(index), []
+        for j, step in enumerate(steps):
+            step_sig, sources = step["signature"], step["sources"]
+
+            def read(k, ctype, sources=sources):
+                kind, at = sources[k]
+                return loads.read(at, ctype) if kind == "input" else f"(({ctype})t{at})"
+
+            if step_sig["op"] == _BATCH_NORM:
+                T, x_at, _, _ = _batch_norm_terms(step_sig)
+                c = index[channel]
+                value = f"{read(x_at, T)} * alpha{j}[{c}] + beta{j}[{c}]"
+            else:
+                T = _CTYPE[step_sig["outputs"][0]["dtype"]]
+                value = _pointwise_value(step_sig, read)
+            lines.append(f"{T} t{j} = {value};")
+        return loads.lines + lines + [f"y0[{index[0]}] = t{len(steps) - 1};"]
+
+    body_lines = _loops(list(size), strides, body, _numel(size) >= PARALLEL_MIN)
+    return _function(symbol, prologue + body_lines, sig)
 
 
 def _constant_pad(sig, symbol):
@@ -902,6 +1020,7 @@ _FAMILIES.update({
     "aten._native_batch_norm_legit_no_training.default": _batch_norm,
     "aten.constant_pad_nd.default": _constant_pad,
     "aten.max_pool2d_with_indices.default": _max_pool2d,
+    FUSED: _fused,
     "aten.sum.dim_IntList": lambda sig, symbol: _reduction(sig, symbol, False),
     "aten.mean.dim": lambda sig, symbol: _reduction(sig, symbol, True),
 })

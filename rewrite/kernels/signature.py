@@ -22,7 +22,8 @@ import torch
 from ..ir import Node
 from ..ops import bind_arguments, dtype_str, target_name
 
-__all__ = ["of_node", "check", "kernel_key", "record_name", "tensor_operands", "SignatureError", "DTYPES", "MAX_RANK"]
+__all__ = ["FUSED", "of_node", "check", "kernel_key", "record_name", "tensor_operands", "SignatureError", "DTYPES",
+           "MAX_RANK"]
 
 # The dtypes a signature may name (by rewrite.ops.dtype_str), and bounds on what a file may claim.
 DTYPES = {dtype_str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
@@ -32,6 +33,9 @@ MAX_DIM = 2**40
 MAX_ARGS = 64
 MAX_LIST = 1024
 MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
+# The op name of a fused signature: steps of one shape run in one loop (`rewrite.kernels.fusion`).
+FUSED = "rewrite.fused.pointwise"
+MAX_STEPS = 32
 _OP_NAME = re.compile(r"^[a-z_][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -176,6 +180,8 @@ def check(sig) -> dict:
             _check_layout(d, f"{op} {field}[{k}]")
     if not isinstance(sig["args"], list) or len(sig["args"]) > MAX_ARGS:
         _fail("args", f"must be a list of at most {MAX_ARGS} [name, value] pairs")
+    if op == FUSED:
+        return _check_steps(sig)
     n_inputs = len(sig["inputs"])
     for k, pair in enumerate(sig["args"]):
         if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
@@ -187,6 +193,36 @@ def check(sig) -> dict:
             value["tensors"] if isinstance(value, dict) and "tensors" in value else []
         if not isinstance(refs, list) or not all(type(r) is int and 0 <= r < n_inputs for r in refs):
             _fail(f"{op} args[{k}]", f"tensor references must be ints below {n_inputs}")
+    return sig
+
+
+def _check_steps(sig) -> dict:
+    """A fused signature: args ``[["steps", [step, ...]]]``, each step ``{"signature": ..., "sources": ...}``
+    with a signature of one op (checked as any other) and, per input of it, ``["input", k]`` (input k of
+    the fused signature) or ``["step", j]`` (the result of an earlier step); one output."""
+    if len(sig["outputs"]) != 1:
+        _fail(FUSED, "has exactly one output")
+    args = sig["args"]
+    if not (len(args) == 1 and isinstance(args[0], list) and len(args[0]) == 2 and args[0][0] == "steps"
+            and isinstance(args[0][1], list) and 1 <= len(args[0][1]) <= MAX_STEPS):
+        _fail(FUSED, f"args must be [['steps', [1 to {MAX_STEPS} steps]]]")
+    for j, step in enumerate(args[0][1]):
+        where = f"{FUSED} steps[{j}]"
+        if not (isinstance(step, dict) and set(step) == {"signature", "sources"}):
+            _fail(where, "must have exactly signature, sources")
+        inner = step["signature"]
+        if isinstance(inner, dict) and inner.get("op") == FUSED:  # checked before recursing: no nesting
+            _fail(where, "a step is one op, not a fused signature")
+        check(inner)
+        sources = step["sources"]
+        if not (isinstance(sources, list) and len(sources) == len(inner["inputs"])):
+            _fail(where, "sources must name one source per input of the step")
+        for source in sources:
+            ok = (isinstance(source, list) and len(source) == 2 and type(source[1]) is int
+                  and ((source[0] == "input" and 0 <= source[1] < len(sig["inputs"]))
+                       or (source[0] == "step" and 0 <= source[1] < j)))
+            if not ok:
+                _fail(where, "a source is ['input', k] below the fused inputs' count or ['step', j] of an earlier step")
     return sig
 
 
