@@ -18,7 +18,7 @@ from rewrite.exec.observe import observe
 from rewrite.exec.plan import make_plan
 from rewrite.exec.planned import PlannedExecutable
 from rewrite.ir import Graph, meta_of_value
-from rewrite.kernels import StaticKernels, compiler, signature
+from rewrite.kernels import StaticKernels, cgen, compiler, signature
 from rewrite.unit import CompileUnit
 
 aten = torch.ops.aten
@@ -197,6 +197,11 @@ def test_fused_signatures_from_files_are_checked():
         signature.check({**good, "args": [["steps", []]]})
     with pytest.raises(signature.SignatureError):
         signature.check({**good, "outputs": [x, x]})
+    # well-formed, but a step claims to read a layout its source does not hold: no kernel is made from it
+    assert cgen.generate(good, "k_good") is not None
+    other = {"dtype": "float32", "size": [2], "stride": [1]}
+    for inputs in ([other], [{**x, "stride": [2]}], [{**x, "dtype": "float64"}]):
+        assert cgen.generate(signature.check({**good, "inputs": inputs}), "k_bad") is None
 
 
 class ConvBlock(torch.nn.Module):

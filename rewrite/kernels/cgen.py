@@ -22,7 +22,9 @@ What gets a kernel (everything else runs its ATen kernel):
   ``_to_copy`` between float dtypes, ``cat``, ``constant_pad_nd``);
 * inference batch norm (``_native_batch_norm_legit_no_training``) and 2-D max pooling with indices
   (``max_pool2d_with_indices``) at any strides, channels-last too;
-* ``sum``/``mean`` over listed dims (summed in double, in memory order).
+* ``sum``/``mean`` over listed dims (summed in double, in memory order);
+* a group of neighbouring pointwise steps and inference batch norms of one shape as one loop
+  (`_fused`; the planner picks the groups, `rewrite.kernels.fusion`).
 
 Numerics: the same formulas as ATen's CPU kernels (layer norm statistics in double), so results
 agree to float rounding; tests compare with eager at every gear.
@@ -682,6 +684,11 @@ def _fused(sig, symbol):
         step_sig = step["signature"]
         if step_sig["outputs"][0]["size"] != size:
             raise Unsupported
+        for k, (kind, at) in enumerate(step["sources"]):  # what a step reads is what its source holds
+            source = sig["inputs"][at] if kind == "input" else steps[at]["signature"]["outputs"][0]
+            if (source["dtype"], source["size"]) != (step_sig["inputs"][k]["dtype"], step_sig["inputs"][k]["size"]) \
+                    or (kind == "input" and source["stride"] != step_sig["inputs"][k]["stride"]):
+                raise Unsupported
         if step_sig["op"] == _BATCH_NORM:
             T, x_at, per_channel, channels = _batch_norm_terms(step_sig)
             in_loop.update(at for kind, at in step["sources"][x_at:x_at + 1] if kind == "input")

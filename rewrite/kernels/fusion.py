@@ -108,8 +108,9 @@ def fused_signature(group: Group, kernels: dict, signatures: dict) -> dict:
         sig = signatures[kernels[s.id]]
         sources = []
         for k, m in enumerate(tensor_operands(s)):
-            if m.id in group.members:  # a step, or the getitem of a batch norm's result
-                sources.append(["step", position[m.args[0].id if m.id not in position else m.id]])
+            if m.id in group.members:
+                step = m if m.id in position else m.args[0]  # a step, or the getitem of a batch norm step's result
+                sources.append(["step", position[step.id]])
             else:
                 sources.append(["input", slot[m.id]])
                 layouts[slot[m.id]] = sig["inputs"][k]
