@@ -278,10 +278,14 @@ def make_plan(graph: Graph, obs: Observation, device_type: str = "cpu", native=N
 
     # 4. groups of static-kernel steps run as one kernel where their last step (the root) ran: the others do
     # not run, and what the group reads stays alive until the root
-    if fuse is not None and kernels and not mutated_inputs(graph):  # a write to an input would move past a reader
+    if fuse is not None and kernels:
         native_ids = {nid: key for nid, key in kernels.items() if owner_kind.get(nid) == "native"}
+        writes = [pos[n.id] for n in order if written_args(n)]  # writes to inputs (a KV cache's update)
         for group in fuse(graph, native_ids):
             root = pos[group.root.id]
+            first = min(pos[s.id] for s in group.steps)
+            if any(first < w < root for w in writes):  # the group's reads would move past a write
+                continue
             for nid in group.members - {group.root.id}:
                 owner_kind.pop(nid, None)
                 kernels.pop(nid, None)

@@ -10,7 +10,8 @@ an inference batch norm (with the ``getitem`` taking its result) of the root's s
 reader of its value is already in the group (so the value is needed nowhere else, not even as an
 output of the graph). Steps that anything waits for, or that wait, stay on their own. The planner
 (`rewrite.exec.plan.make_plan`) runs the root's kernel where the root ran, with the group's inputs,
-and skips the other steps.
+and skips the other steps; it leaves apart a group whose steps lie on both sides of a write to an
+input (a KV cache's update), whose reads would otherwise move past the write.
 """
 from __future__ import annotations
 
