@@ -249,7 +249,7 @@ class PlannedProgram:
         if not gears:
             return
         if self.kernels is not None:
-            self.kernels.build()
+            self.kernels.build({p.kernel for g in gears for p in g.plan.nodes.values() if p.kind == "native"})
         for gear in gears:
             gear.run = PlannedExecutable(gear.graph, gear.plan, self.pool, self.kernels, gear.fallback)
 

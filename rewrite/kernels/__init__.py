@@ -213,7 +213,6 @@ class StaticKernels:
             group.key = self._register(signature.check(fusion.fused_signature(group, kernels, self.signatures)))
             if group.key is not None:
                 groups.append(group)
-        # The steps' own kernels stay pending: another gear of this function may run them unfused.
         return groups
 
     def _packable(self, node: Node, sig: dict, obs) -> bool:
@@ -244,15 +243,18 @@ class StaticKernels:
                 self.store.record(stem, data, debug=False)
 
     # -- building ------------------------------------------------------------------------------
-    def build(self) -> None:
-        """Find or build every pending kernel; afterwards each is callable.
+    def build(self, keys=None) -> None:
+        """Find or build every pending kernel, or those of ``keys`` (what the plans use: a fused group's
+        steps were decided on before the group, and their own kernels are built only where a plan runs
+        them); afterwards each is callable.
 
         Waits for another process's build at most `store.LOCK_WAIT_S` (then builds without the lock),
         or, on a tier-up (the model caller's call), `store.TIER_UP_LOCK_WAIT_S`: then `LockBusy`
         is raised and the pending kernels stay pending for the next try."""
-        need = {k: s for k, s in self.pending.items() if k not in _loaded.addresses}
+        wanted = set(self.pending) if keys is None else set(keys) & set(self.pending)
+        need = {k: self.pending[k] for k in wanted if k not in _loaded.addresses}
         if not need:
-            self.pending = {}
+            self._done(wanted)
             return
         t0 = time.perf_counter()
         found = self._find(need)
@@ -267,8 +269,12 @@ class StaticKernels:
                     path = self._build(missing)
                     found |= self._load(path, missing)
                     built = len(missing)
-        self.pending = {}
+        self._done(wanted)
         self._report(len(need), len(need) - built, built, time.perf_counter() - t0)
+
+    def _done(self, keys) -> None:
+        for key in keys:
+            self.pending.pop(key, None)
 
     def _find(self, need: dict) -> set:
         found: set[str] = set()
