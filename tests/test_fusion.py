@@ -243,3 +243,15 @@ def test_the_default_mode_fuses_after_its_tier_up_and_matches_eager():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     notes = [n for g in backend.report.graphs for n in g.notes]
     assert any("steps fused into others" in n for n in notes), notes
+
+
+def test_a_long_chain_fuses_in_groups_of_at_most_the_step_limit(tmp_path):
+    b = Builder()
+    x = b.input(torch.randn(5, 3))
+    v = x
+    for k in range(2 * signature.MAX_STEPS + 5):
+        v = b.call(aten.mul.Tensor, v, 1.0 + k / 64) if k % 2 else b.call(aten.add.Tensor, v, 0.25)
+    b.g.set_output((v,))
+    counts = _check(b, tmp_path)
+    # 69 steps: groups of 32, 32 and 5, each run by its last step
+    assert counts["native"] == 3 and counts["fused"] == 2 * signature.MAX_STEPS + 5 - 3

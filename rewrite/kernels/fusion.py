@@ -71,13 +71,13 @@ def find_groups(graph: Graph, kernels: dict, signatures: dict) -> list[Group]:
         if root.id in taken or op(root) not in cgen.POINTWISE_OPS or not fusable(root):
             continue
         shape = size(root)
-        members, found = {root.id}, [root]
+        members, found, count = {root.id}, [root], 1
         changed = True
-        while changed:  # a step joins once all its readers have: look again after each join
+        while changed and count < MAX_STEPS:  # a step joins once all its readers have: look again after a join
             changed = False
-            for n in list(found):
+            for n in found:  # grows while it is walked: a chain joins in one pass
                 for m in n.inputs:
-                    if m.id in members or m.id in taken:
+                    if m.id in members or m.id in taken or count >= MAX_STEPS:
                         continue
                     joined = joining(m, shape)
                     ids = {j.id for j in joined}
@@ -85,9 +85,10 @@ def find_groups(graph: Graph, kernels: dict, signatures: dict) -> list[Group]:
                             and all(u.id in members or u.id in ids for j in joined for u in users.get(j.id, [])):
                         members |= ids
                         found += joined
+                        count += 1  # a batch norm and its getitem are one step
                         changed = True
         steps = [n for n in graph.nodes if n.id in members and n.id in kernels]
-        if len(steps) < 2 or len(steps) > MAX_STEPS:
+        if len(steps) < 2:
             continue
         inputs, seen = [], set()
         for s in steps:
