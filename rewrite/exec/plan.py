@@ -279,9 +279,8 @@ def make_plan(graph: Graph, obs: Observation, device_type: str = "cpu", native=N
     # 4. groups of static-kernel steps run as one kernel where their last step (the root) ran: the others do
     # not run, and what the group reads stays alive until the root
     if fuse is not None and kernels:
-        native_ids = {nid: key for nid, key in kernels.items() if owner_kind.get(nid) == "native"}
         writes = [pos[n.id] for n in order if written_args(n)]  # writes to inputs (a KV cache's update)
-        for group in fuse(graph, native_ids):
+        for group in fuse(graph, dict(kernels)):  # kernels: every native step (step 2 dropped the elided copies)
             root = pos[group.root.id]
             first = min(pos[s.id] for s in group.steps)
             if any(first < w < root for w in writes):  # the group's reads would move past a write

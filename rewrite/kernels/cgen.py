@@ -410,8 +410,8 @@ def _pointwise_value(sig, read) -> str:
 class _Loads:
     """The loads of one loop body: each (input, C type) read once, into a variable of its own."""
 
-    def __init__(self, index: list, first: int = 1):
-        self.index, self.first = index, first  # index[first + k] addresses input k
+    def __init__(self, index: list):
+        self.index = index  # index[1 + k] addresses input k (index[0] the output)
         self.lines: list[str] = []
         self.names: dict = {}
 
@@ -419,7 +419,7 @@ class _Loads:
         name = self.names.get((k, ctype))
         if name is None:
             name = self.names[(k, ctype)] = f"v{len(self.names)}"
-            self.lines.append(f"{ctype} {name} = ({ctype})x{k}[{self.index[self.first + k]}];")
+            self.lines.append(f"{ctype} {name} = ({ctype})x{k}[{self.index[1 + k]}];")
         return name
 
 
@@ -594,6 +594,7 @@ def _memory_order(size: list, strides: list[list]) -> tuple[list, list[list]]:
 # -- images: inference batch norm, constant padding ----------------------------------------------------------
 
 MAX_CHANNELS = 16384  # batch norm's per-channel terms live on the kernel's stack
+BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"  # inference batch norm (a fused kernel's step too)
 
 
 def _batch_norm_terms(sig) -> tuple[str, int, dict, int]:
@@ -658,9 +659,6 @@ def _batch_norm(sig, symbol):
 
 # -- fused: neighbouring pointwise steps in one loop ------------------------------------------------------
 
-_BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
-
-
 def _fused(sig, symbol):
     """Steps of one shape in one loop (`rewrite.kernels.fusion`): pointwise ops and inference batch norms,
     each step's result a register the later steps read, so the values between them never reach memory.
@@ -680,6 +678,7 @@ def _fused(sig, symbol):
     if last["dtype"] != out["dtype"] or last["size"] != size:
         raise Unsupported
     prologue, in_loop, channel = [], set(), None  # in_loop: the inputs the loop reads (not only per channel)
+    normed = {}  # step index of a batch norm -> (its C type, the index of its input x)
     for j, step in enumerate(steps):
         step_sig = step["signature"]
         if step_sig["outputs"][0]["size"] != size:
@@ -689,8 +688,9 @@ def _fused(sig, symbol):
             if (source["dtype"], source["size"]) != (step_sig["inputs"][k]["dtype"], step_sig["inputs"][k]["size"]) \
                     or (kind == "input" and source["stride"] != step_sig["inputs"][k]["stride"]):
                 raise Unsupported
-        if step_sig["op"] == _BATCH_NORM:
+        if step_sig["op"] == BATCH_NORM:
             T, x_at, per_channel, channels = _batch_norm_terms(step_sig)
+            normed[j] = (T, x_at)
             in_loop.update(at for kind, at in step["sources"][x_at:x_at + 1] if kind == "input")
 
             def array(k, sources=step["sources"]):
@@ -720,8 +720,8 @@ def _fused(sig, symbol):
                 kind, at = sources[k]
                 return loads.read(at, ctype) if kind == "input" else f"(({ctype})t{at})"
 
-            if step_sig["op"] == _BATCH_NORM:
-                T, x_at, _, _ = _batch_norm_terms(step_sig)
+            if j in normed:
+                T, x_at = normed[j]
                 c = index[channel]
                 value = f"{read(x_at, T)} * alpha{j}[{c}] + beta{j}[{c}]"
             else:
@@ -1024,7 +1024,7 @@ _FAMILIES.update({
     "aten.embedding.default": _embedding,
     "aten.index.Tensor": _index,
     "aten.cat.default": _cat,
-    "aten._native_batch_norm_legit_no_training.default": _batch_norm,
+    BATCH_NORM: _batch_norm,
     "aten.constant_pad_nd.default": _constant_pad,
     "aten.max_pool2d_with_indices.default": _max_pool2d,
     FUSED: _fused,

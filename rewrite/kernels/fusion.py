@@ -24,9 +24,6 @@ from .signature import FUSED, MAX_STEPS, tensor_operands
 
 __all__ = ["Group", "find_groups", "fused_signature"]
 
-_BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
-
-
 @dataclasses.dataclass
 class Group:
     root: Node
@@ -61,7 +58,7 @@ def find_groups(graph: Graph, kernels: dict, signatures: dict) -> list[Group]:
             return [m]
         if m.kind == "call" and m.target is operator.getitem and m.args[1] == 0 and isinstance(m.args[0], Node):
             bn = m.args[0]
-            if op(bn) == _BATCH_NORM and size(bn) == shape and fusable(bn):
+            if op(bn) == cgen.BATCH_NORM and size(bn) == shape and fusable(bn):
                 return [m, bn]
         return []
 
