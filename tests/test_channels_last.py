@@ -61,6 +61,14 @@ class Block(torch.nn.Module):
 
 
 def _compiled_graph_ops(model, x, faster: str):
+    f, seen, times = _compiled(model, x, faster)
+    with torch.no_grad():
+        outs = [f(x) for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2)]  # past the tier-up
+    return seen["ops"], outs[-1], times
+
+
+def _compiled(model, x, faster: str):
+    """(compiled model, what its backend saw, the kernel times it asked), compiled on ``x``."""
     seen = {}
 
     class Backend(rewrite.backend.RewriteBackend):
@@ -69,11 +77,10 @@ def _compiled_graph_ops(model, x, faster: str):
             return super().on_optimized(graph, *a, **k)
 
     times = Layouts(faster)
-    with calibration.use(dataclasses.replace(FIXED, kernel_times=times)):
-        f = torch.compile(model, backend=Backend(rewrite.CompilerConfig()), dynamic=False)
-        with torch.no_grad():
-            outs = [f(x) for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2)]  # past the tier-up
-    return seen["ops"], outs[-1], times
+    f = torch.compile(model, backend=Backend(rewrite.CompilerConfig()), dynamic=False)
+    with calibration.use(dataclasses.replace(FIXED, kernel_times=times)), torch.no_grad():
+        f(x)
+    return f, seen, times
 
 
 def test_the_ops_it_looks_through_keep_a_channels_last_image_channels_last():
@@ -192,6 +199,44 @@ def test_a_convolution_reads_the_channels_last_source_of_a_layout_copy_as_it_is(
     assert ops.get("aten.clone.default", 0) == 1, ops  # eager's copy to NCHW, kept
     with torch.no_grad():
         torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+
+
+class PaddedPixel(torch.nn.Module):
+    """MobileNetV2's last blocks: a single-pixel image expanded by a 1x1 convolution, ReLU6, TF-style padding,
+    a depthwise 3x3."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.down = torch.nn.Conv2d(16, 8, 4)
+        self.expand = torch.nn.Conv2d(8, 16, 1)
+        self.depthwise = torch.nn.Conv2d(16, 16, 3, groups=16)
+
+    def forward(self, x):
+        pixel = torch.relu(self.down(self.stem(x)))
+        pixel = torch.nn.functional.relu6(self.expand(pixel))
+        return self.depthwise(torch.nn.functional.pad(pixel, (1, 1, 1, 1)))
+
+
+def test_a_padded_single_pixel_reaches_the_next_convolution_channels_last():
+    """ATen gives a 1x1 image NCHW strides whatever its input's layout, so its padding is NCHW, and a
+    channels-last convolution would copy it inside ATen on every call: the pass pads a channels-last copy."""
+    torch.manual_seed(4)
+    model = PaddedPixel().eval()
+    x = torch.randn(2, 8, 4, 4)
+    f, seen, _ = _compiled(model, x, "channels_last")
+    with torch.no_grad():
+        for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):  # past the tier-up
+            got = f(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = f(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    assert seen["ops"].get("aten.contiguous.default", 0) == 1, seen["ops"]  # the output, back to eager's layout
+    convolutions = [e for e in prof.events() if e.name == "aten::_convolution"]
+    assert len(convolutions) == 4
+    copies = [e.name for e in prof.events() if e.name in ("aten::contiguous", "aten::clone", "aten::copy_")
+              and e.cpu_parent is not None and e.cpu_parent.name == "aten::_convolution"]
+    assert not copies, copies
 
 
 def test_convolutions_eager_already_runs_channels_last_are_left_alone():
