@@ -23,17 +23,17 @@ are cold: each architecture and batch runs in a process of its own (`cold_rows`)
 rewrite caches (`cold_caches`; only rewrite's cost-model calibration, measured once per machine, is carried
 over), after one trivial compile of each compiler (their one-time start-up in a process). In one process,
 a compiler reuses what it built for an earlier architecture: Inductor compiled qwen2 in 15.8 s alone and in
-5.3 s right after llama, whose kernels are the same. Before anything is compiled for an architecture and batch, eager is timed
-alone as well; a row whose interleaved eager median is more than 25% off it is marked ``!`` (the
+5.3 s right after llama, whose kernels are the same. Before anything is compiled for an architecture and
+batch, eager is timed alone as well; a row whose interleaved eager median is more than 25% off it is marked ``!`` (the
 interleaving, or the machine, disturbed the timing).
 
     .venv/bin/python benchmarks/zoo.py                                   # all of it: 20 archs x batch 1, 8
     .venv/bin/python benchmarks/zoo.py --archs bert,resnet --batches 1 --repeat 3 --no-record
 
 Options: ``--archs a,b,c`` (default: `ARCHS`), ``--batches 1,8``, ``--repeat 30`` (timed rounds),
-``--no-record`` (print only), ``--in-process`` (every row in this process: quicker, compile times warm). Only a full run (every default arch and batch) writes its section of
-RESULTS.md and benchmarks/zoo.png; a partial run prints its section. The raw rows always go to
-benchmarks/out/zoo.json.
+``--no-record`` (print only), ``--in-process`` (every row in this process: quicker, compile times warm).
+Only a full run (every default arch and batch) writes its section of RESULTS.md and benchmarks/zoo.png; a
+partial run prints its section. The raw rows always go to benchmarks/out/zoo.json.
 
 Why: issue 28, "rewrite never slower than eager, at or below Inductor across the zoo": optimizer.py's
 latency table shows a handful of models; this one shows whether that holds across architectures, and

@@ -304,10 +304,11 @@ def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: 
         if isinstance(weight, Node) and any(int(s) != 1 for s in weight.meta.shape[2:]):
             conv.args = conv.args[:1] + (channels_last_copy(weight, conv),) + conv.args[2:]
         conv.args = (image if image.id in channels_last else channels_last_copy(image, conv),) + conv.args[1:]
-    # A single-pixel image is both layouts, and ATen gives it NCHW strides whichever layout its input had; a
-    # padding of it then makes an NCHW image, which the next convolution copies to channels-last inside ATen on
-    # every call (MobileNetV2's last blocks: TF-style padding of a 1x1 image before a depthwise 3x3). Padding
-    # a channels-last copy of the pixel (C values per sample) gives the padded image the layout the region has.
+    # A single-pixel image is both layouts, and ATen's ops often give it NCHW strides (a pointwise op, a 1x1
+    # convolution of a pixel); a padding of it then makes an NCHW image, which the next convolution copies to
+    # channels-last inside ATen on every call (MobileNetV2's last blocks: TF-style padding of a 1x1 image before
+    # a depthwise 3x3). Padding a channels-last copy of the pixel (C values per sample) gives the padded image
+    # the layout the region has.
     for pad in [n for n in graph.nodes if n.id in channels_last and n.target is aten.constant_pad_nd.default
                 and _single_pixel(n.args[0].meta)]:
         pad.args = (channels_last_copy(pad.args[0], pad),) + pad.args[1:]
