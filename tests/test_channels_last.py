@@ -61,14 +61,13 @@ class Block(torch.nn.Module):
 
 
 def _compiled_graph_ops(model, x, faster: str):
-    f, seen, times = _compiled(model, x, faster)
-    with torch.no_grad():
-        outs = [f(x) for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2)]  # past the tier-up
-    return seen["ops"], outs[-1], times
+    _, seen, out, times = _compiled(model, x, faster)
+    return seen["ops"], out, times
 
 
 def _compiled(model, x, faster: str):
-    """(compiled model, what its backend saw, the kernel times it asked), compiled on ``x``."""
+    """(compiled model, what its backend saw, its last output, the kernel times it asked), called on ``x``
+    until past its tier-up."""
     seen = {}
 
     class Backend(rewrite.backend.RewriteBackend):
@@ -77,10 +76,11 @@ def _compiled(model, x, faster: str):
             return super().on_optimized(graph, *a, **k)
 
     times = Layouts(faster)
-    f = torch.compile(model, backend=Backend(rewrite.CompilerConfig()), dynamic=False)
-    with calibration.use(dataclasses.replace(FIXED, kernel_times=times)), torch.no_grad():
-        f(x)
-    return f, seen, times
+    with calibration.use(dataclasses.replace(FIXED, kernel_times=times)):
+        f = torch.compile(model, backend=Backend(rewrite.CompilerConfig()), dynamic=False)
+        with torch.no_grad():
+            outs = [f(x) for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2)]  # past the tier-up
+    return f, seen, outs[-1], times
 
 
 def test_the_ops_it_looks_through_keep_a_channels_last_image_channels_last():
@@ -219,15 +219,13 @@ class PaddedPixel(torch.nn.Module):
 
 
 def test_a_padded_single_pixel_reaches_the_next_convolution_channels_last():
-    """ATen gives a 1x1 image NCHW strides whatever its input's layout, so its padding is NCHW, and a
-    channels-last convolution would copy it inside ATen on every call: the pass pads a channels-last copy."""
+    """ATen's ops often give a 1x1 image NCHW strides (a 1x1 convolution of a pixel does), so its padding is NCHW,
+    and a channels-last convolution would copy it inside ATen on every call: the pass pads a channels-last copy."""
     torch.manual_seed(4)
     model = PaddedPixel().eval()
     x = torch.randn(2, 8, 4, 4)
-    f, seen, _ = _compiled(model, x, "channels_last")
+    f, seen, _, _ = _compiled(model, x, "channels_last")
     with torch.no_grad():
-        for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):  # past the tier-up
-            got = f(x)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             got = f(x)
         torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
