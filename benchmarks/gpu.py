@@ -1,65 +1,125 @@
-"""rewrite on a CUDA GPU against eager and Inductor: transformer latency per mode, and stream scopes.
+"""rewrite on a CUDA GPU against eager and Inductor's strongest settings, at the sizes models are served at.
 
-    python benchmarks/gpu.py [--out DIR] [--quick]
+    python benchmarks/gpu.py --out DIR [--only static,gears,decode] [--quick]
 
-Needs a CUDA device (CI has none; RESULTS.md marks these figures as GPU figures). Per model and batch,
-each contender is compiled on a fresh Dynamo with static shapes, then all are timed in interleaved
-rounds (CUDA events around ``inner`` calls, median over rounds):
+Needs a CUDA device (CI has none); sized to finish in about 6 minutes on one H100/H200 (`--quick`: one
+batch, fewer rounds, about 2 minutes). Writes ``gpu_results.md`` (the tables, with the device's name) into
+``--out``; a session with a GPU copies it into benchmarks/RESULTS.md, "GPU". Every output is compared with
+eager's on the GPU before anything is timed; a contender that fails is a row saying why, not the end.
 
-* eager; Inductor default; Inductor ``mode="reduce-overhead"`` (its CUDA graphs), the strongest
-  Inductor setting for small-batch latency on a GPU;
-* rewrite default; rewrite reduce-overhead (a CUDA graph per static graph); rewrite reduce-overhead
-  with static kernels (Inductor's Triton kernels inside rewrite's plan).
+Sections:
 
-Then the two-branch model (two chains of matmul+tanh, one in a ``stream_switch`` scope) with and
-without its scope, on CUDA streams. Writes ``gpu_results.md`` (the table) into ``--out``.
+* **static**: BERT-base (12 x 768, transformers' ``BertModel``, sdpa) and a Llama-style decoder (8 x 1024,
+  GQA 16/4 heads, vocab 32000) forward, fp16, sequence 128, batch 1 and 16. Contenders: eager; Inductor
+  default; Inductor ``mode="reduce-overhead"``; rewrite's default mode past its tier-up (its background
+  Inductor build waited for); rewrite reduce-overhead. Latency by CUDA events, interleaved rounds.
+* **gears**: BERT-base with batch gears [1, 4, 16]: rewrite reduce-overhead and default mode with
+  ``set_dim_gears``, Inductor reduce-overhead compiled per size (``dynamic=False``) and with
+  ``dynamic=True``. Columns: wall time until every size is ready, latency at each size, and rewrite's
+  CUDA-graph pool (predicted before capture, allocated, and the largest gear compiled alone).
+* **decode**: the Llama-style decoder, prompt 32, 64 new tokens, greedy, transformers' static-cache
+  ``generate``: true eager (``disable_compile=True``); ``generate``'s own compile (Inductor,
+  reduce-overhead); rewrite through transformers' door (``generation_config.compile_config =
+  CompileConfig(backend="rewrite")``); rewrite's default mode through the same door (``mode=None``);
+  ``model.forward`` compiled with rewrite reduce-overhead and ``generate``'s own compile switched off.
+  Tokens per second (median of rounds); every contender's tokens compared with eager's.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rewrite  # noqa: E402
-import rewrite.scope as scope  # noqa: E402
-from rewrite import models  # noqa: E402
+from rewrite.exec.background import wait_for_builds  # noqa: E402
 from _results import markdown_table  # noqa: E402
 
 SEQ = 128
 DTYPE = torch.float16
+GEARS = [1, 4, 16]
+DEVICE = "cuda"
+BERT = {}  # BertConfig's defaults: BERT-base
+LLAMA = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, max_position_embeddings=512)
 
 
-def _rewrite(mode: str | None, static_kernels: bool = False, build_dir: str | None = None):
+def _smoke() -> None:
+    """`--smoke`: the whole script on the CPU with tiny models, to check its logic where there is no GPU."""
+    global SEQ, DTYPE, DEVICE, BERT, LLAMA
+    SEQ, DTYPE, DEVICE = 16, torch.float32, "cpu"
+    BERT = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    LLAMA = dict(vocab_size=32000, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128)
+
+
+class _FirstOutput(torch.nn.Module):
+    """A transformers model whose call returns one tensor: BERT's hidden states, a causal LM's logits (no cache)."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__()
+        self.model, self.kwargs = model, kwargs
+
+    def forward(self, ids):
+        out = self.model(ids, **self.kwargs)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _bert_base():
+    from transformers import BertConfig, BertModel
+
+    return _FirstOutput(BertModel(BertConfig(attn_implementation="sdpa", **BERT)))
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(attn_implementation="sdpa", **LLAMA))
+
+
+MODELS = {"BERT-base (12x768)": _bert_base, "Llama-style (8x1024)": lambda: _FirstOutput(_llama(), use_cache=False)}
+
+
+def _model(build):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return build().to(device=DEVICE, dtype=DTYPE).eval()
+
+
+def _ids(batch: int, seq: int = SEQ, seed: int = 0) -> torch.Tensor:
+    return torch.randint(4, 1000, (batch, seq), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def _backend(mode: str | None):
     config = rewrite.CompilerConfig()
-    config.experimental_config.frozen_parameter = True
     if mode:
         config.mode = mode
-    if static_kernels:
-        config.experimental_config.aclgraph._aclnn_static_shape_kernel = True
-        config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = build_dir
     return rewrite.get_backend(config)
 
 
-def contenders(build_dir: str):
-    return {
-        "eager": lambda m: m,
-        "inductor": lambda m: torch.compile(m, dynamic=False),
-        "inductor reduce-overhead": lambda m: torch.compile(m, mode="reduce-overhead", dynamic=False),
-        "rewrite": lambda m: torch.compile(m, backend=_rewrite(None), dynamic=False),
-        "rewrite reduce-overhead": lambda m: torch.compile(m, backend=_rewrite("reduce-overhead"), dynamic=False),
-        "rewrite RO+static kernels": lambda m: torch.compile(
-            m, backend=_rewrite("reduce-overhead", True, build_dir), dynamic=False),
-    }
+STATIC = {
+    "eager": lambda m: m,
+    "inductor": lambda m: torch.compile(m, dynamic=False),
+    "inductor reduce-overhead": lambda m: torch.compile(m, mode="reduce-overhead", dynamic=False),
+    "rewrite": lambda m: torch.compile(m, backend=_backend(None), dynamic=False),
+    "rewrite reduce-overhead": lambda m: torch.compile(m, backend=_backend("reduce-overhead"), dynamic=False),
+}
 
 
-def time_gpu(fn, *args, rounds: int = 15, inner: int = 20) -> list[float]:
+def time_gpu(fn, *args, rounds: int = 5, inner: int = 20) -> list[float]:
     """Seconds per call, one sample per round of ``inner`` calls between CUDA events."""
+    if DEVICE == "cpu":  # --smoke
+        samples = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn(*args)
+            samples.append(time.perf_counter() - t0)
+        return samples
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for _ in range(rounds):
@@ -72,128 +132,278 @@ def time_gpu(fn, *args, rounds: int = 15, inner: int = 20) -> list[float]:
     return samples
 
 
-def bench_model(name: str, build, batch: int, build_dir: str, warm_calls: int) -> dict:
-    torch.manual_seed(0)
-    model = build().to(device="cuda", dtype=DTYPE).eval()
-    ids = models.token_batch(batch, SEQ, vocab=1024).cuda()
+def _warm(fn, args_of, sizes, calls: int = 12):
+    """Calls past the tier-up (rewrite's background builds waited for) and Inductor's CUDA-graph warm-up."""
     with torch.no_grad():
-        want = model(ids)[0]
-    fns, compile_s, errors = {}, {}, {}
-    for label, make in contenders(build_dir).items():
+        for _ in range(calls):
+            for s in sizes:
+                fn(args_of(s))
+        wait_for_builds(timeout=600)
+        for _ in range(3):
+            for s in sizes:
+                fn(args_of(s))
+    _sync()
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _ms(t: float) -> str:
+    return f"{t * 1e3:.3f}"
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}".replace("|", "/")
+
+
+def bench_static(name: str, build, batches, rounds: int) -> list[list]:
+    model = _model(build)
+    rows = []
+    for batch in batches:
+        ids = _ids(batch)
+        with torch.no_grad():
+            want = model(ids).float()
+        fns, ready, errors = {}, {}, {}
+        for label, make in STATIC.items():
+            torch._dynamo.reset()
+            t0 = time.perf_counter()
+            try:
+                fn = make(model)
+                _warm(fn, lambda s: ids, [batch])
+                with torch.no_grad():
+                    got = fn(ids).float()
+                torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+            except Exception as e:  # noqa: BLE001 - a failing contender is a row
+                errors[label] = _error(e)
+                print(f"  {name} b{batch} {label}: FAILED {errors[label]}", flush=True)
+                continue
+            ready[label] = time.perf_counter() - t0
+            fns[label] = fn
+            print(f"  {name} b{batch} {label}: ready in {ready[label]:.1f} s", flush=True)
+        samples = {label: [] for label in fns}
+        with torch.no_grad():
+            for _ in range(rounds):  # interleaved
+                for label, fn in fns.items():
+                    samples[label] += time_gpu(fn, ids, rounds=2)
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        eager = med.get("eager")
+        cells = []
+        for label in STATIC:
+            if label in med:
+                cells.append(f"{_ms(med[label])} ({eager / med[label]:.2f}x)" if eager else _ms(med[label]))
+            else:
+                cells.append("failed: " + errors.get(label, "?"))
+        rows.append([name, batch] + cells)
+        rows.append([name + " (ready, s)", batch] + [f"{ready[k]:.1f}" if k in ready else "-" for k in STATIC])
+        print(" | ".join(str(c) for c in rows[-2]), flush=True)
+    return rows
+
+
+def _pool_of(backend):
+    pools = [g.memory for g in backend.report.graphs if g.memory is not None]
+    return pools[0] if pools else None
+
+
+def bench_gears(rounds: int) -> tuple[list[list], list[str]]:
+    model = _model(_bert_base)
+    want = {}
+    with torch.no_grad():
+        for b in GEARS:
+            want[b] = model(_ids(b)).float()
+    contenders = {}
+
+    def geared(mode):
+        def make():
+            backend = _backend(mode)
+            fn = torch.compile(model, backend=backend)
+            first = _ids(GEARS[-1])
+            rewrite.inference.set_dim_gears(first, {0: GEARS})
+            with torch.no_grad():
+                fn(first)
+            return fn, backend
+        return make
+
+    contenders["rewrite reduce-overhead, gears"] = geared("reduce-overhead")
+    contenders["rewrite default, gears"] = geared(None)
+    contenders["inductor reduce-overhead, dynamic=False (a compile per size)"] = \
+        lambda: (torch.compile(model, mode="reduce-overhead", dynamic=False), None)
+    contenders["inductor reduce-overhead, dynamic=True"] = \
+        lambda: (torch.compile(model, mode="reduce-overhead", dynamic=True), None)
+    fns, ready, errors, pools = {}, {}, {}, {}
+    for label, make in contenders.items():
         torch._dynamo.reset()
-        fn = make(model)
         t0 = time.perf_counter()
         try:
-            with torch.no_grad():
-                for _ in range(warm_calls):  # past rewrite's tier-up and Inductor's CUDA-graph warm-up
-                    got = fn(ids)[0]
-                torch.cuda.synchronize()
-            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-        except Exception as e:  # noqa: BLE001 - a failing contender is a row, not the end of the run
-            errors[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            print(f"  {name} b{batch} {label}: FAILED {errors[label]}", flush=True)
+            fn, backend = make()
+            _warm(fn, lambda s: _ids(s), GEARS)
+            for b in GEARS:
+                with torch.no_grad():
+                    torch.testing.assert_close(fn(_ids(b)).float(), want[b], rtol=3e-2, atol=3e-2)
+        except Exception as e:  # noqa: BLE001
+            errors[label] = _error(e)
+            print(f"  gears {label}: FAILED {errors[label]}", flush=True)
             continue
-        compile_s[label] = time.perf_counter() - t0
+        ready[label] = time.perf_counter() - t0
         fns[label] = fn
-        print(f"  {name} b{batch} {label}: ready in {compile_s[label]:.1f} s", flush=True)
-    samples = {label: [] for label in fns}
+        if backend is not None:
+            pools[label] = _pool_of(backend)
+        print(f"  gears {label}: all sizes ready in {ready[label]:.1f} s", flush=True)
+    samples = {(label, b): [] for label in fns for b in GEARS}
+    inputs = {b: _ids(b) for b in GEARS}
     with torch.no_grad():
-        for _ in range(3):  # interleaved: each contender's rounds alternate with the others'
+        for _ in range(rounds):
             for label, fn in fns.items():
-                samples[label] += time_gpu(fn, ids, rounds=5)
-    return {"samples": {k: statistics.median(v) for k, v in samples.items()}, "compile": compile_s, "errors": errors}
-
-
-class TwoBranches(torch.nn.Module):
-    def __init__(self, n: int, depth: int, streams: bool):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(n, n, generator=g) / n ** 0.5)
-                                        for _ in range(2 * depth))
-        self.depth, self.streams = depth, streams
-
-    def forward(self, a, b):
-        for i in range(self.depth):
-            a = torch.tanh(a @ self.w[i])
-        if self.streams:
-            with scope.stream_switch("1"):
-                for i in range(self.depth):
-                    b = torch.tanh(b @ self.w[self.depth + i])
-        else:
-            for i in range(self.depth):
-                b = torch.tanh(b @ self.w[self.depth + i])
-        return a, b
-
-
-def bench_streams(n: int, depth: int = 6) -> tuple:
-    g = torch.Generator().manual_seed(1)
-    a, b = (torch.randn(n, n, generator=g).to("cuda", DTYPE) for _ in range(2))
-    fns = {}
-    for streams in (False, True):
-        torch._dynamo.reset()
-        model = TwoBranches(n, depth, streams).to("cuda", DTYPE).eval()
-        fn = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()), fullgraph=True)
+                for b in GEARS:
+                    samples[(label, b)] += time_gpu(fn, inputs[b], rounds=2)
+    rows = []
+    for label in contenders:
+        if label not in fns:
+            rows.append([label, "failed: " + errors.get(label, "?")] + ["-"] * len(GEARS))
+            continue
+        rows.append([label, f"{ready[label]:.1f}"] + [_ms(statistics.median(samples[(label, b)])) for b in GEARS])
+    # The pool of every gear against the largest gear compiled alone.
+    notes = []
+    torch._dynamo.reset()
+    try:
+        backend = _backend("reduce-overhead")
+        fn = torch.compile(model, backend=backend, dynamic=False)
         with torch.no_grad():
-            for _ in range(12):
-                out = fn(a, b)
-            want = model.__class__.forward(model, a, b)
-            torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
-        fns["two streams" if streams else "one stream"] = fn
-    samples = {k: [] for k in fns}
+            fn(_ids(GEARS[-1]))
+        alone = _pool_of(backend)
+        every = pools.get("rewrite reduce-overhead, gears")
+        if alone is not None and every is not None and alone.allocated:
+            notes.append(f"CUDA-graph pool, gears {GEARS}: {every}; the largest gear alone: allocated "
+                         f"{alone.allocated / 2**20:.1f} MiB; all gears / largest alone = "
+                         f"{every.allocated / alone.allocated:.2f}x")
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"pool of the largest gear alone: failed ({_error(e)})")
+    return rows, notes
+
+
+def _generate(model, ids, new_tokens: int, **kw):
     with torch.no_grad():
-        for _ in range(3):
-            for k, fn in fns.items():
-                samples[k] += time_gpu(fn, a, b, rounds=5)
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    return n, med["one stream"], med["two streams"]
+        return model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              cache_implementation="static", **kw)
+
+
+def bench_decode(rounds: int, new_tokens: int = 64) -> list[list]:
+    from transformers import CompileConfig
+
+    base = _model(_llama)
+    base.generation_config.pad_token_id = base.generation_config.eos_token_id = None
+    ids = torch.randint(4, 32000, (1, 32), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    want = _generate(base, ids, new_tokens, disable_compile=True)
+
+    def door(backend, mode="reduce-overhead"):
+        def make():
+            m = copy.deepcopy(base)
+            m.generation_config.compile_config = CompileConfig(backend=backend, mode=mode)
+            return m, {}
+        return make
+
+    def forward_compiled():
+        m = copy.deepcopy(base)
+        m.forward = torch.compile(m.forward, backend=_backend("reduce-overhead"), dynamic=False)
+        return m, {"disable_compile": True}
+
+    contenders = {
+        "eager (disable_compile=True)": lambda: (base, {"disable_compile": True}),
+        "generate's own compile (Inductor)": lambda: (copy.deepcopy(base), {}),
+        "rewrite: CompileConfig(backend='rewrite')": door("rewrite"),
+        "rewrite default mode: CompileConfig(backend='rewrite', mode=None)": door("rewrite", None),
+        "rewrite reduce-overhead: model.forward compiled": forward_compiled,
+    }
+    runs, ready, errors, match = {}, {}, {}, {}
+    for label, make in contenders.items():
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        try:
+            m, kw = make()
+            got = _generate(m, ids, new_tokens, **kw)
+            _generate(m, ids, new_tokens, **kw)
+            wait_for_builds(timeout=600)
+            got = _generate(m, ids, new_tokens, **kw)
+        except Exception as e:  # noqa: BLE001
+            errors[label] = _error(e)
+            print(f"  decode {label}: FAILED {errors[label]}", flush=True)
+            continue
+        ready[label] = time.perf_counter() - t0
+        match[label] = f"{int((got == want).all(dim=0).sum())}/{want.shape[1]}"
+        runs[label] = (m, kw)
+        print(f"  decode {label}: ready in {ready[label]:.1f} s, tokens equal {match[label]}", flush=True)
+    times = {label: [] for label in runs}
+    for _ in range(rounds):
+        for label, (m, kw) in runs.items():
+            _sync()
+            t0 = time.perf_counter()
+            _generate(m, ids, new_tokens, **kw)
+            _sync()
+            times[label].append(time.perf_counter() - t0)
+    anchor = "generate's own compile (Inductor)"
+    rows = []
+    for label in contenders:
+        if label not in runs:
+            rows.append([label, "failed: " + errors.get(label, "?"), "-", "-", "-"])
+            continue
+        tps = new_tokens / statistics.median(times[label])
+        ref = new_tokens / statistics.median(times[anchor]) if anchor in times else None
+        rows.append([label, f"{tps:.0f}", f"{tps / ref:.2f}x" if ref else "-", f"{ready[label]:.1f}", match[label]])
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
-    parser.add_argument("--quick", action="store_true", help="batch 1 only, one model")
+    parser.add_argument("--only", default="static,gears,decode", help="sections, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="batch 1 only, fewer rounds")
+    parser.add_argument("--smoke", action="store_true", help="on the CPU with tiny models: checks the script, "
+                        "times nothing worth recording")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/gpu.py needs a CUDA device")
+    if args.smoke:
+        _smoke()
+        args.quick = True
+    elif not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu.py needs a CUDA device (--smoke runs it on the CPU with tiny models)")
     os.makedirs(args.out, exist_ok=True)
-    build_dir = tempfile.mkdtemp(prefix="rewrite-gpu-build-")  # private (0700), as static-kernel folders must be
-    builds = {"BERT (4x256)": lambda: models.bert(layers=4, hidden=256, heads=4, vocab=1024),
-              "GPT-2 (4x256)": lambda: models.gpt2(layers=4, hidden=256, heads=4, vocab=1024)}
-    batches = [1] if args.quick else [1, 16]
-    if args.quick:
-        builds = dict(list(builds.items())[:1])
-    device = torch.cuda.get_device_name()
-    lines = [f"GPU figures: {device}, torch {torch.__version__}, CUDA {torch.version.cuda}, fp16, seq {SEQ}; "
-             f"load average {os.getloadavg()[0]:.2f} before", ""]
-    labels = list(contenders(build_dir))
-    rows = []
-    for name, build in builds.items():
-        for batch in batches:
-            r = bench_model(name, build, batch, build_dir, warm_calls=12)
-            eager = r["samples"].get("eager")
-            cells = []
-            for label in labels:
-                if label in r["samples"]:
-                    t = r["samples"][label]
-                    cells.append(f"{t * 1e3:.3f} ms ({eager / t:.2f}x)" if eager else f"{t * 1e3:.3f} ms")
-                else:
-                    cells.append("failed: " + r["errors"].get(label, "?"))
-            rows.append([name, batch] + cells)
-            print(" | ".join(str(c) for c in rows[-1]), flush=True)
-            compile_row = [f"{r['compile'].get(label, float('nan')):.1f} s" for label in labels]
-            rows.append([name + " (first calls, s)", batch] + compile_row)
-    lines += [markdown_table(["model", "batch"] + labels, rows), "", "Latency per call (median of interleaved rounds, CUDA events), speed-up over eager in "
-                      "brackets; the '(first calls, s)' rows are the wall time of the first 12 calls (compile "
-                      "and warm-up).", ""]
-    stream_rows = [bench_streams(n) for n in ((256, 1024) if not args.quick else (1024,))]
-    lines.append(markdown_table(["two-branch model, n", "one stream", "stream scope", "ratio"],
-                                [[n, f"{one * 1e3:.3f} ms", f"{two * 1e3:.3f} ms", f"{one / two:.2f}x"]
-                                 for n, one, two in stream_rows]))
-    lines += ["", f"load average {os.getloadavg()[0]:.2f} after"]
-    text = "\n".join(lines)
-    print(text)
-    with open(os.path.join(args.out, "gpu_results.md"), "w") as f:
-        f.write(text + "\n")
+    sections = set(args.only.split(","))
+    rounds = 2 if args.quick else 5
+    device = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU (--smoke: not GPU figures)"
+    import transformers
+
+    lines = [f"GPU figures: {device}, torch {torch.__version__}, CUDA {torch.version.cuda}, transformers "
+             f"{transformers.__version__}, fp16; load average {os.getloadavg()[0]:.2f} before", ""]
+
+    def flush():
+        with open(os.path.join(args.out, "gpu_results.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    if "static" in sections:
+        rows = []
+        for name, build in MODELS.items():
+            rows += bench_static(name, build, [1] if args.quick else [1, 16], rounds)
+        lines += [f"### Static shapes, sequence {SEQ}: latency in ms (speed-up over eager)", "",
+                  markdown_table(["model", "batch"] + list(STATIC), rows), "",
+                  "Median of interleaved rounds of 20 calls between CUDA events; the '(ready, s)' rows are the "
+                  "wall time until the contender was warm (compile, tier-up, capture).", ""]
+        flush()
+    if "gears" in sections:
+        rows, notes = bench_gears(rounds)
+        lines += [f"### Gears {GEARS} on BERT-base (batch gears, sequence {SEQ})", "",
+                  markdown_table(["contender", "all sizes ready, s"] + [f"b{b} ms" for b in GEARS], rows), ""]
+        lines += [f"- {n}" for n in notes] + [""]
+        flush()
+    if "decode" in sections:
+        rows = bench_decode(rounds, new_tokens=4 if args.smoke else 64)
+        lines += ["### Decode: Llama-style 8x1024 (GQA 16/4, vocab 32000), prompt 32, 64 new tokens, greedy, "
+                  "static cache", "",
+                  markdown_table(["contender", "tokens/s", "vs generate's own compile", "ready, s",
+                                  "tokens equal to eager's"], rows), ""]
+        flush()
+    lines.append(f"load average {os.getloadavg()[0]:.2f} after")
+    flush()
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

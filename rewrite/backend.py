@@ -97,14 +97,19 @@ class RewriteBackend:
         names = dynamo_input_names(gm, len(example_inputs))
         weights = [i for i, name in enumerate(names)
                    if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
+        # Read in place across calls (a CUDA graph reads them where they are): the weights, and tensors the
+        # model marked with torch._dynamo.mark_static_address (transformers' static KV cache). Only weights
+        # are ever frozen: a marked tensor is state the model writes.
+        in_place = sorted(set(weights) | set(_static_address_inputs(gm)))
         # Tensor subclasses (DTensor weights of a tensor-parallel model) reach the compiler flattened
         # by AOTAutograd: the graph's inputs are then these, and weights and gears are numbered in them.
         flat = flatten_inputs(list(example_inputs), names)
         graph_inputs = list(example_inputs)
         if flat is not None:
             graph_inputs, _, origin = flat
-            weighty = set(weights)
+            weighty, steady = set(weights), set(in_place)
             weights = [k for k, i in enumerate(origin) if i in weighty and isinstance(graph_inputs[k], torch.Tensor)]
+            in_place = [k for k, i in enumerate(origin) if i in steady and isinstance(graph_inputs[k], torch.Tensor)]
             gear_spec = _renumber_gears(gear_spec, origin, graph_inputs)
 
         def unit(kind: str, weights: tuple = ()) -> CompileUnit:
@@ -121,7 +126,7 @@ class RewriteBackend:
                     frozen = {i: graph_inputs[i] for i in weights}
                 else:
                     log.info("graph %d: cannot freeze weights (AOT changed the inputs); kept as inputs", number)
-            fw = unit(kind, tuple(weights) if same_inputs else ())
+            fw = unit(kind, tuple(in_place) if same_inputs else ())
             # AOTAutograd calls compilers under its fake mode; frozen weights are real tensors that
             # passes (folding) compute with, so compile outside it.
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
@@ -201,6 +206,13 @@ class RewriteBackend:
 
     def on_optimized(self, graph: Graph, unit: CompileUnit, frozen: dict, gear_spec) -> None:
         """Hook called with each optimized graph before it is built; rewrite.export captures graphs here."""
+
+
+def _static_address_inputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Indices of the Dynamo graph's inputs that were marked with ``torch._dynamo.mark_static_address``."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders)
+            if (n.meta.get("tensor_dict") or {}).get("_dynamo_static_input_type")]
 
 
 def _same_inputs(aot_inputs, graph_inputs) -> bool:

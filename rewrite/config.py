@@ -193,6 +193,11 @@ class ExecConfig(_Section):
     # after that makes it hot: it gets reduce-overhead's execution plan and static C kernels
     # (rewrite.exec.program), built once and kept in the per-user cache folder (rewrite.persist.folders). 0: never.
     tier_up_calls = _Number(8, 0, 2**31 - 1, unit="calls")
+    # CUDA: the kernels a static graph (each gear) gets where the policy gives it static kernels
+    # (reduce-overhead at compile time, the default mode when it tiers up): Inductor's Triton kernels
+    # compiled for the gear's exact sizes ("inductor"), or its ATen code as it is ("aten"). Either way
+    # the gear runs as a CUDA graph (rewrite.exec.cuda_graphs).
+    cuda_kernels = _Choice("inductor", ("inductor", "aten"))
 
 
 class GeConfig(_Section):

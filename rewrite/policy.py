@@ -7,11 +7,14 @@ and the loader of an export build their units the same way (`rewrite.unit.Compil
 compiled model, a loaded export and ``cache_compile`` run a graph under the same policy:
 
 * ``plan = "at-compile"`` (reduce-overhead): every static graph gets its execution plan when it is
-  built (memory planned into one arena; on CUDA a CUDA graph per gear), with static kernels when
-  they are switched on (C kernels on CPU, Inductor's per-gear Triton kernels on CUDA);
-* ``plan = "tier-up"`` (the default mode, static CPU inference graphs): a graph runs its ATen code
-  for ``tier_up_calls`` calls, then gets the same plan and static C kernels on the next call's
-  inputs; whatever stands in the way leaves it on its ATen code with a note, never an error;
+  built: on CPU memory planned into one arena, with static C kernels when they are switched on; on
+  CUDA a CUDA graph per gear running Inductor's Triton kernels compiled for the gear's sizes
+  (``exec.cuda_kernels``, on without asking: static shapes are for speed on both devices);
+* ``plan = "tier-up"`` (the default mode, static inference graphs): a graph runs its ATen code
+  for ``tier_up_calls`` calls, then gets what reduce-overhead builds: on CPU the plan and static C
+  kernels, built on the next call's inputs; on CUDA Inductor's kernels, compiled by a background
+  thread while the ATen code serves the calls, and a CUDA graph. Whatever stands in the way leaves
+  the graph on its ATen code with a note, never an error;
 * ``plan = "none"``: each graph runs the callable its kernel backend built.
 
 Training graphs never tier up: they hand saved activations to their backward graph, a pattern the
@@ -34,6 +37,7 @@ class ExecutionPolicy:
     tier_up_calls: int = 0  # plain calls before a graph tiers up (plan "tier-up" only)
     static_kernels: bool = False  # planned graphs run static kernels where they have them
     kernels: str = "aten"  # config.exec.kernels: the kernel backend of every graph
+    cuda_kernels: str = "inductor"  # config.exec.cuda_kernels: what a planned CUDA graph's kernels are
 
     def __post_init__(self):
         if self.plan not in PLANS:
@@ -62,19 +66,25 @@ class ExecutionPolicy:
         return self.plan == "at-compile" and self.static_kernels
 
     def inductor_kernels_on(self, device_type: str) -> bool:
-        """Whether a graph on ``device_type`` is compiled by Inductor: always with ``exec.kernels =
-        "inductor"``; in reduce-overhead on CUDA, static kernels are Inductor's Triton kernels."""
-        return self.kernels == "inductor" or (self.plan == "at-compile" and self.static_kernels
-                                              and device_type == "cuda")
+        """Whether a graph on ``device_type`` is compiled by Inductor when it is built: always with
+        ``exec.kernels = "inductor"``; in reduce-overhead on CUDA, unless ``exec.cuda_kernels = "aten"``.
+        (A tier-up on CUDA compiles with Inductor later, off the caller's path: `hot_kernels_on`.)"""
+        return self.kernels == "inductor" or (self.plan == "at-compile" and device_type == "cuda"
+                                              and self.cuda_kernels == "inductor")
+
+    def hot_kernels_on(self, device_type: str) -> str:
+        """What a tiering graph on ``device_type`` gets when it tiers up: ``"static-c"`` (CPU: plan and C
+        kernels), ``"inductor"`` or ``"aten"`` (CUDA: the kernels inside its CUDA graph)."""
+        return "static-c" if device_type == "cpu" else self.cuda_kernels
 
 
 def resolve_policy(config: CompilerConfig, kind: str = "inference") -> ExecutionPolicy:
     """The policy of a compile unit of ``kind`` ("forward", "backward" or "inference") under ``config``."""
-    kernels = config.exec.kernels
+    kernels, cuda = config.exec.kernels, config.exec.cuda_kernels
     if is_reduce_overhead(config):
         return ExecutionPolicy("at-compile", 0, bool(config.experimental_config.aclgraph._aclnn_static_shape_kernel),
-                               kernels)
+                               kernels, cuda)
     calls = config.exec.tier_up_calls
     if calls and kernels == "aten" and kind == "inference":
-        return ExecutionPolicy("tier-up", calls, True, kernels)
-    return ExecutionPolicy("none", 0, False, kernels)
+        return ExecutionPolicy("tier-up", calls, True, kernels, cuda)
+    return ExecutionPolicy("none", 0, False, kernels, cuda)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
+
+log = logging.getLogger("rewrite")
 
 __all__ = ["CompileReport", "GraphReport", "GearGraphs", "Retrace"]
 
@@ -32,6 +35,13 @@ class GraphReport:
     kept: str | None = None
     # The size the cost model priced the graph's symbolic sizes at (rewrite.cost.SYMBOL_SIZE), when it has any
     symbolic_size_stand_in: int | None = None
+    # The memory the gears of this graph share (rewrite.exec.cuda_graphs.PoolMemory on CUDA), once known
+    memory: object = None
+
+    def note(self, msg: str) -> None:
+        """The one door for what a stage wants the user to read: logged at INFO and kept in the report."""
+        log.info("%s", msg)
+        self.notes.append(msg)
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -72,6 +82,8 @@ class GraphReport:
             lines.append("  gears:")
             for gear, counts in self.gears.items():
                 lines.append(f"    {gear}: {sum(counts.values())} ops")
+        if self.memory is not None:
+            lines.append(f"  memory: {self.memory}")
         if self.stage_seconds:
             lines.append("  time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.stage_seconds.items()))
         lines.extend(f"  note: {n}" for n in self.notes)

@@ -33,7 +33,9 @@ class CompileUnit:
     kind: str  # one of KINDS
     config: CompilerConfig
     report: GraphReport | None = None  # where stages count what they did and leave notes (None: log only)
-    weights: tuple = ()  # indices of graph inputs that are the model's parameters and buffers (in place across calls)
+    # indices of graph inputs that stay in place across calls: the model's parameters and buffers, and tensors
+    # marked with torch._dynamo.mark_static_address (a static KV cache); CUDA graphs read them where they are
+    weights: tuple = ()
     policy: ExecutionPolicy = dataclasses.field(init=False, compare=False)  # how its graphs run, from config and kind
 
     def __post_init__(self):

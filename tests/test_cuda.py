@@ -266,3 +266,93 @@ def test_concurrent_callers_of_a_reduce_overhead_model_get_their_own_results():
 
     run_in_threads(work, 4)
     torch.randn(4, device="cuda")  # a capture that failed under concurrent callers must not leave the RNG broken
+
+
+def _past_tier_up(compiled, model, ids_of, dtype=torch.float32):
+    """Call through the cold calls, wait for the background builds, then call again: the hot code runs."""
+    from rewrite.exec.background import wait_for_builds
+
+    for call in range(rewrite.CompilerConfig().exec.tier_up_calls + 1):
+        _check(compiled, model, ids_of(call), dtype)
+    assert wait_for_builds(timeout=300)
+    for call in range(3):
+        _check(compiled, model, ids_of(100 + call), dtype)
+
+
+def test_the_default_mode_tiers_up_to_a_cuda_graph_of_inductor_kernels(monkeypatch):
+    from rewrite.exec import inductor
+
+    compiled_graphs = []
+    original = inductor.compile_with_inductor
+    monkeypatch.setattr(inductor, "compile_with_inductor", lambda g: compiled_graphs.append(g.name) or original(g))
+    model = _on_cuda(models.bert(), torch.float16)
+    compiled, backend = _compile(model)
+    _past_tier_up(compiled, model, lambda k: _ids(2, seed=k), torch.float16)
+    notes = [n for g in backend.report.graphs for n in g.notes]
+    assert compiled_graphs and any("tiered up" in n for n in notes), notes
+    memory = [g.memory for g in backend.report.graphs if g.memory is not None]
+    assert memory and memory[0].allocated, memory  # captured: the pool holds its graph
+
+
+def test_reduce_overhead_compiles_each_gear_with_inductor_without_the_experimental_switch(monkeypatch):
+    from rewrite.exec import inductor
+
+    compiled_graphs = []
+    original = inductor.compile_with_inductor
+    monkeypatch.setattr(inductor, "compile_with_inductor", lambda g: compiled_graphs.append(g.name) or original(g))
+    model = _on_cuda(models.gpt2())
+    compiled, _ = _compile(model, rewrite.CompilerConfig(mode="reduce-overhead"))
+    ids = _ids(GEARS[-1])
+    rewrite.inference.set_dim_gears(ids, {0: GEARS})
+    _check(compiled, model, ids)
+    for batch in GEARS * 2:
+        _check(compiled, model, _ids(batch, seed=batch))
+    assert len(compiled_graphs) >= len(GEARS), compiled_graphs
+
+
+def _pool(batch_gears: list[int], model, first: int):
+    """The CUDA-graph pool memory of ``model`` compiled in reduce-overhead with batch gears ``batch_gears``."""
+    compiled, backend = _compile(model, rewrite.CompilerConfig(mode="reduce-overhead"))
+    ids = models.token_batch(first, 64, vocab=1024).cuda()
+    if len(batch_gears) > 1:
+        rewrite.inference.set_dim_gears(ids, {0: batch_gears})
+    with torch.no_grad():
+        compiled(ids)  # the first call captures every gear, largest first
+        for b in batch_gears:
+            compiled(models.token_batch(b, 64, vocab=1024).cuda())
+    (memory,) = [g.memory for g in backend.report.graphs if g.memory is not None]
+    return memory
+
+
+def test_all_gears_share_one_pool_about_the_size_of_the_largest_gear_alone():
+    model = _on_cuda(models.bert(layers=2, hidden=512, heads=8, vocab=1024))
+    alone = _pool([16], model, 16)
+    all_gears = _pool([1, 4, 16], model, 1)  # the first call is the smallest gear: captures still go largest first
+    assert all_gears.gears == 3 and alone.gears == 1
+    assert all_gears.allocated <= 1.1 * alone.allocated, (all_gears, alone)
+    # the prediction, made from the metas before any capture, is an upper bound of the same order
+    assert 0.5 * all_gears.allocated <= all_gears.predicted <= 4 * all_gears.allocated, all_gears
+    assert all_gears.predicted <= 1.1 * all_gears.largest
+
+
+def test_generate_with_compile_config_backend_rewrite_gives_eager_tokens():
+    from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=128)).to("cuda").eval()
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
+    ids = torch.randint(4, 512, (1, 8), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+
+    def generate(**kw):
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                  cache_implementation="static", **kw)
+
+    want = generate(disable_compile=True)
+    torch._dynamo.reset()
+    model.generation_config.compile_config = CompileConfig(backend="rewrite")  # transformers' door for a backend
+    for _ in range(2):
+        assert torch.equal(generate(), want)

@@ -14,11 +14,16 @@ made once per arena, not per call.
 """
 from __future__ import annotations
 
+import heapq
+import operator
 import threading
 
 import torch
 
-__all__ = ["ALIGN", "assign_offsets", "Arena", "ArenaPool"]
+from .. import ops
+from ..ir import Graph, Node, TensorMeta, iter_metas
+
+__all__ = ["ALIGN", "assign_offsets", "Arena", "ArenaPool", "predict_peak_bytes", "output_bytes"]
 
 # Every buffer starts on a 64-byte boundary: a cache line, and enough for any dtype and AVX-512 loads.
 ALIGN = 64
@@ -102,3 +107,61 @@ class ArenaPool:
     def bytes_held(self) -> int:
         """Bytes of the arenas resting in the pool (leased ones are not counted)."""
         return sum(a.nbytes for a in list(self._free))
+
+
+def _meta_bytes(meta) -> int:
+    return sum(int(m.numel()) * m.dtype.itemsize for m in iter_metas(meta) if isinstance(m, TensorMeta)
+               and m.is_static())
+
+
+def output_bytes(graph: Graph) -> int:
+    """Bytes of the tensors a static graph returns (each counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for v in graph.outputs if isinstance(graph.outputs, (list, tuple)) else [graph.outputs]:
+        if isinstance(v, Node) and v.id not in seen and v.kind == "call":
+            seen.add(v.id)
+            total += _meta_bytes(v.meta)
+    return total
+
+
+def predict_peak_bytes(graph: Graph) -> int:
+    """The most bytes a static graph's intermediate values and outputs hold at once when its ops run
+    one by one in graph order, each result freed after its last reader (views and items of a tuple
+    share their base's bytes; inputs and constants are not counted). Read from the metas alone,
+    before anything runs: the figure a memory pool shared by gears is predicted from. Kernels that
+    fuse ops (Inductor's) keep fewer values alive, so for them it is an upper bound."""
+    last_use: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            last_use[v.id] = i
+    outputs = {v.id for v in graph.output.inputs}
+    owner_of: dict[int, int] = {}  # node id -> id of the node whose bytes it uses
+    size: dict[int, int] = {}  # owner id -> bytes, while alive
+    last_read: dict[int, int] = {}  # owner id -> the last step that reads it or a view of it
+    kept: set[int] = set()  # owners an output uses: alive to the end
+    frees: list[tuple[int, int]] = []  # heap of (step, owner); stale entries are skipped
+    live = peak = 0
+    for i, n in enumerate(graph.nodes):
+        if n.kind != "call":
+            continue
+        base = n.args[0] if n.args and isinstance(n.args[0], Node) else None
+        if base is not None and (n.target is operator.getitem or ops.returns_view(n.target)):
+            owner = owner_of.get(base.id)
+            if owner is None:
+                continue  # a view of an input or a constant: no bytes of the graph's own
+        else:
+            owner = n.id
+            size[owner] = _meta_bytes(n.meta)
+            live += size[owner]
+            peak = max(peak, live)
+        owner_of[n.id] = owner
+        if n.id in outputs:
+            kept.add(owner)
+        last_read[owner] = max(last_read.get(owner, i), last_use.get(n.id, i))
+        heapq.heappush(frees, (last_read[owner], owner))
+        while frees and frees[0][0] <= i:
+            step, o = heapq.heappop(frees)
+            if o in size and o not in kept and last_read[o] == step:
+                live -= size.pop(o)
+    return peak

@@ -145,6 +145,7 @@ class PlannedProgram:
         self.gears: list[_Gear] = []
         self.kernels = None  # rewrite.kernels.StaticKernels, made on the first CPU gear
         self.cuda = None  # cuda_graphs.CudaGraphs, made on the first CUDA gear
+        self.hot_swaps: list = []  # the default mode's CUDA gears (hot_swap.HotSwapGear)
         self.static_kernels = self.policy.static_kernels  # turned off when a tier-up cannot have them
         self.lock = threading.Lock()
 
@@ -174,7 +175,12 @@ class PlannedProgram:
         return gear
 
     def _tiered(self, graph: Graph, fn, plannable: bool):
-        if device_of(graph).type != "cpu" or not plannable or not graph.is_static():
+        device = device_of(graph)
+        if not plannable or not graph.is_static():
+            return fn
+        if device.type == "cuda":
+            return self._tiered_cuda(graph, fn, device)
+        if device.type != "cpu":
             return fn
         why = unplannable(graph) or _seen_outside(graph)
         if why is not None:
@@ -182,6 +188,26 @@ class PlannedProgram:
             return fn
         gear = _Gear(self, graph, fn, cold_calls=self.policy.tier_up_calls)
         self.gears.append(gear)
+        return gear
+
+    def _tiered_cuda(self, graph: Graph, fn, device: torch.device):
+        """The default mode's tier-up on CUDA: the ATen code serves the first calls, and those after
+        them until Inductor's kernels for the gear are built on the build thread; then the gear runs
+        as a CUDA graph in the function's shared pool (`hot_swap`, `cuda_graphs`)."""
+        from .hot_swap import HotSwapGear
+
+        graphs = self._cuda_graphs(device)
+        graphs.reserve(graph)
+        if self.policy.hot_kernels_on("cuda") == "inductor":
+            def build():
+                from .inductor import compile_with_inductor
+
+                return graphs.wrap(graph, compile_with_inductor(graph))
+        else:
+            def build():
+                return graphs.wrap(graph, fn)
+        gear = HotSwapGear(graph.name, fn, build, self.policy.tier_up_calls, self.note)
+        self.hot_swaps.append(gear)
         return gear
 
     def tier_up(self, gear: _Gear, args) -> None:
@@ -212,7 +238,8 @@ class PlannedProgram:
         if self.cuda is None:
             from .cuda_graphs import CudaGraphs
 
-            self.cuda = CudaGraphs(device, self.config.debug.aclgraph.static_capture_size_limit, self.unit.weights)
+            self.cuda = CudaGraphs(device, self.config.debug.aclgraph.static_capture_size_limit, self.unit.weights,
+                                   self.unit.report)
         return self.cuda
 
     def _static_kernels(self):
@@ -259,6 +286,7 @@ class PlannedProgram:
 
     def note(self, msg: str) -> None:
         """Log ``msg`` and add it to the compiled function's report."""
-        log.info("%s", msg)
         if self.unit.report is not None:
-            self.unit.report.notes.append(msg)
+            self.unit.report.note(msg)
+        else:
+            log.info("%s", msg)
