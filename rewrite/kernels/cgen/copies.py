@@ -3,7 +3,7 @@ are pointwise ops, `pointwise`)."""
 from __future__ import annotations
 
 from ..signature import value_of
-from .core import _CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _function, _literal, _loops, _numel
+from .core import _CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _function, _is_int, _literal, _loops, _numel
 
 
 def _cat(sig, symbol):
@@ -39,7 +39,7 @@ def _constant_pad(sig, symbol):
     pad = value_of(args["pad"])
     rank = len(x["size"])
     if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or not isinstance(pad, list) or len(pad) % 2 \
-            or len(pad) > 2 * rank or any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in pad):
+            or len(pad) > 2 * rank or any(not _is_int(p) or p < 0 for p in pad):
         raise Unsupported
     T = _CTYPE[x["dtype"]]
     value = args.get("value")

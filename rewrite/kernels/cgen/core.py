@@ -38,6 +38,11 @@ def _numel(size) -> int:
     return math.prod(size)
 
 
+def _is_int(v) -> bool:
+    """A plain int argument (sizes, dims, pads): Python counts a bool as an int, a signature does not."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _literal(v, ctype: str) -> str:
     v = value_of(v)
     if isinstance(v, bool):
@@ -152,17 +157,24 @@ def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = T
 
 # -- rows: the contiguous inner dims of a layout (norms, softmax, gathers) --------------------------------
 
+def _contiguous(size: list, stride: list) -> bool:
+    """Whether ``size`` laid out at ``stride`` is dense in row-major order (size-1 dims at any stride)."""
+    expect = 1
+    for s, st in zip(reversed(size), reversed(stride)):
+        if s != 1 and st != expect:
+            return False
+        expect *= s
+    return True
+
+
 def _rows(d: dict, inner_dims: int) -> tuple[int, int, int]:
     """(rows, row length, row stride) of layout ``d`` whose last ``inner_dims`` dims are contiguous."""
     size, stride = d["size"], d["stride"]
     if inner_dims > len(size) or inner_dims < 1:
         raise Unsupported
     inner = size[len(size) - inner_dims:]
-    expect = 1
-    for s, st in zip(reversed(inner), reversed(stride[len(size) - inner_dims:])):
-        if s != 1 and st != expect:
-            raise Unsupported
-        expect *= s
+    if not _contiguous(inner, stride[len(size) - inner_dims:]):
+        raise Unsupported
     outer_size, outer_stride = _collapse(list(size[:len(size) - inner_dims]), [list(stride[:len(size) - inner_dims])])
     if len(outer_size) > 1:
         raise Unsupported
@@ -170,10 +182,20 @@ def _rows(d: dict, inner_dims: int) -> tuple[int, int, int]:
     return rows, _numel(inner), (outer_stride[0][0] if outer_size else 0)
 
 
-def _contiguous(d: dict) -> bool:
-    expect = 1
-    for s, st in zip(reversed(d["size"]), reversed(d["stride"])):
-        if s != 1 and st != expect:
-            return False
-        expect *= s
-    return True
+def _row_pairs(x: dict, out: dict, inner_dims: int) -> tuple[int, int, int, int]:
+    """(rows, row length, x's row stride, out's row stride) of an op that maps each row of ``x`` (its last
+    ``inner_dims`` dims) to the same row of ``out``; rows of no elements get no kernel."""
+    rows, n, rs = _rows(x, inner_dims)
+    orows, on, ors = _rows(out, inner_dims)
+    if (orows, on) != (rows, n) or n == 0:
+        raise Unsupported
+    return rows, n, rs, ors
+
+
+def _row_loop(T: str, rows: int, n: int, x: int, rs: int, ors: int, out: str) -> list[str]:
+    """The opening of a loop over ``rows`` rows of ``n`` elements (split over threads when large), with
+    ``row`` pointing into input ``x`` and ``out`` into output 0; the caller closes the loop's brace."""
+    return [f"  {'#pragma omp parallel for' if rows * n >= PARALLEL_MIN else ''}",
+            f"  for (int64_t r = 0; r < {rows}LL; r++) {{",
+            f"    const {T} *row = x{x} + r * {rs}LL;",
+            f"    {T} *{out} = y0 + r * {ors}LL;"]

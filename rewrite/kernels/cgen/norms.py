@@ -3,7 +3,7 @@ per-channel terms, `_batch_norm_terms` and `_batch_norm_prologue`, serve a fused
 from __future__ import annotations
 
 from .core import (_CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _contiguous, _fn, _function, _literal, _loops,
-                   _numel, _rows)
+                   _numel, _row_loop, _row_pairs, _rows)
 
 
 def _layer_norm(sig, symbol):
@@ -13,12 +13,9 @@ def _layer_norm(sig, symbol):
         raise Unsupported
     T = _CTYPE[x["dtype"]]
     inner = len(args["normalized_shape"])
-    rows, n, rs = _rows(x, inner)
-    orows, on, ors = _rows(sig["outputs"][0], inner)
-    if (orows, on) != (rows, n) or n == 0:
-        raise Unsupported
+    rows, n, rs, ors = _row_pairs(x, sig["outputs"][0], inner)
     for stats in sig["outputs"][1:]:  # mean and rstd: one value per row, contiguous
-        if _numel(stats["size"]) != rows or not _contiguous(stats):
+        if _numel(stats["size"]) != rows or not _contiguous(stats["size"], stats["stride"]):
             raise Unsupported
     w, b = args["weight"], args["bias"]
     for t in (w, b):
@@ -28,10 +25,7 @@ def _layer_norm(sig, symbol):
     scale = f" * x{w['tensor']}[j]" if w is not None else ""
     shift = f" + x{b['tensor']}[j]" if b is not None else ""
     body = [
-        f"  {'#pragma omp parallel for' if rows * n >= PARALLEL_MIN else ''}",
-        f"  for (int64_t r = 0; r < {rows}LL; r++) {{",
-        f"    const {T} *row = x{args['input']['tensor']} + r * {rs}LL;",
-        f"    {T} *out = y0 + r * {ors}LL;",
+        *_row_loop(T, rows, n, args["input"]["tensor"], rs, ors, "out"),
         "    double sum = 0, sq = 0;",
         "    #pragma omp simd reduction(+:sum)",
         f"    for (int64_t j = 0; j < {n}LL; j++) sum += row[j];",

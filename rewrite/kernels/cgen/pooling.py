@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..signature import value_of
-from .core import _CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _function, _numel
+from .core import _CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _function, _is_int, _numel
 
 
 def _max_pool2d(sig, symbol):
@@ -21,10 +21,10 @@ def _max_pool2d(sig, symbol):
     pairs = []
     for v, default in ((kernel, None), (stride, kernel), (padding, 0), (dilation, 1)):
         v = default if v in (None, []) else v
-        v = [v, v] if isinstance(v, int) and not isinstance(v, bool) else v
+        v = [v, v] if _is_int(v) else v
         if isinstance(v, list) and len(v) == 1:
             v = v * 2
-        if not isinstance(v, list) or len(v) != 2 or any(not isinstance(e, int) or isinstance(e, bool) for e in v):
+        if not isinstance(v, list) or len(v) != 2 or any(not _is_int(e) for e in v):
             raise Unsupported
         pairs.append(v)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = pairs

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..signature import value_of
-from .core import _CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _collapse, _function, _loops, _memory_order, _numel
+from .core import (_CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _collapse, _function, _is_int, _loops,
+                   _memory_order, _numel)
 
 
 def _reduction(sig, symbol, mean: bool):
@@ -14,7 +15,7 @@ def _reduction(sig, symbol, mean: bool):
     dims = value_of(args["dim"])
     rank = len(x["size"])
     if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or args.get("dtype") is not None or rank == 0 \
-            or not isinstance(dims, list) or not dims or any(not isinstance(d, int) or isinstance(d, bool) for d in dims):
+            or not isinstance(dims, list) or not dims or any(not _is_int(d) for d in dims):
         raise Unsupported
     reduced = sorted({d % rank for d in dims})
     kept = [d for d in range(rank) if d not in reduced]

@@ -1,7 +1,7 @@
 """``_softmax`` and ``_log_softmax`` over a contiguous last dim, one row at a time."""
 from __future__ import annotations
 
-from .core import _CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _fn, _function, _rows
+from .core import _CTYPE, _FLOATS, Unsupported, _args, _fn, _function, _row_loop, _row_pairs
 
 
 def _softmax(sig, symbol, log: bool):
@@ -14,19 +14,13 @@ def _softmax(sig, symbol, log: bool):
     if args["dim"] % rank != rank - 1:
         raise Unsupported
     T = _CTYPE[x["dtype"]]
-    rows, n, rs = _rows(x, 1)
-    orows, on, ors = _rows(out, 1)
-    if (orows, on) != (rows, n) or n == 0:
-        raise Unsupported
+    rows, n, rs, ors = _row_pairs(x, out, 1)
     e = _fn("exp", T)
     finish = ([f"    {T} l = ({T}){_fn('log', T)}(sum);", "    #pragma omp simd",
                f"    for (int64_t j = 0; j < {n}LL; j++) o[j] = row[j] - mx - l;"] if log else
               [f"    {T} inv = (({T})1) / sum;", "    #pragma omp simd", f"    for (int64_t j = 0; j < {n}LL; j++) o[j] *= inv;"])
     body = [
-        f"  {'#pragma omp parallel for' if rows * n >= PARALLEL_MIN else ''}",
-        f"  for (int64_t r = 0; r < {rows}LL; r++) {{",
-        f"    const {T} *row = x{args['self']['tensor']} + r * {rs}LL;",
-        f"    {T} *o = y0 + r * {ors}LL;",
+        *_row_loop(T, rows, n, args["self"]["tensor"], rs, ors, "o"),
         f"    {T} mx = row[0];",
         f"    for (int64_t j = 1; j < {n}LL; j++) mx = (row[j] > mx || row[j] != row[j]) ? row[j] : mx;",
         f"    {T} sum = 0;",
