@@ -1,0 +1,87 @@
+"""C source of static CPU kernels: one function per op signature, sizes and strides baked in.
+
+A kernel is ``int k_<key>(void **p)``: ``p`` holds the addresses of its tensor inputs (in the
+signature's order), then its outputs, then any extra buffer the kernel reads; it returns 0, or an
+error code (`ERRORS`). Everything else (sizes, strides, scalar arguments) is a constant in the
+code, so the compiler unrolls, vectorizes and folds index arithmetic. The code is built only from
+a checked signature (`signature.check`): op names select a generator from the tables below, and
+every number that reaches the source is an int or a float printed by Python.
+
+What gets a kernel (everything else runs its ATen kernel):
+
+* pointwise ops on float32/float64 (bool for masks and comparisons), with broadcasting and any
+  strides; transcendental functions through glibc's vector math library (libmvec), so loops
+  vectorize like ATen's; large ones split over OpenMP threads;
+* ``native_layer_norm`` and ``_softmax``/``_log_softmax`` over contiguous last dimensions;
+* ``mm``/``addmm``/``bmm`` through MKL's ``sgemm_``/``dgemm_`` (the BLAS ATen itself calls), and
+  for weights that are constants, MKL's packed GEMM (``cblas_sgemm_compute`` on a weight packed once
+  by ``mkl::_mkl_reorder_linear_weight``, what Inductor's freezing uses); the addresses reach the
+  library at load time (`compiler.Library`);
+* ``embedding`` and ``index.Tensor`` with one index tensor (an index out of range is error 1, raised as
+  IndexError) and copies (``clone``,
+  ``_to_copy`` between float dtypes, ``cat``, ``constant_pad_nd``);
+* inference batch norm (``_native_batch_norm_legit_no_training``) and 2-D max pooling with indices
+  (``max_pool2d_with_indices``) at any strides, channels-last too;
+* ``sum``/``mean`` over listed dims (summed in double, in memory order);
+* a group of neighbouring pointwise steps and inference batch norms of one shape as one loop
+  (`fused._fused`; the planner picks the groups, `rewrite.kernels.fusion`).
+
+Numerics: the same formulas as ATen's CPU kernels (layer norm statistics in double), so results
+agree to float rounding; tests compare with eager at every gear.
+
+The generator is split by op family, one module each (as fx2trt's converters are): `core` (version,
+C types, the emitting helpers), `runtime`, `pointwise`, `norms`, `softmax`, `reductions`, `gemm`,
+`gathers`, `copies`, `pooling` and `fused`; the table below maps each op to its family's generator.
+"""
+from __future__ import annotations
+
+from ..signature import FUSED
+from .copies import _cat, _constant_pad
+from .core import ERRORS, PARALLEL_MIN, VERSION, Unsupported
+from .fused import _fused
+from .gathers import _embedding, _index
+from .gemm import PACKED, _bmm, _mm
+from .norms import BATCH_NORM, MAX_CHANNELS, _batch_norm, _layer_norm
+from .pointwise import _POINTWISE, POINTWISE_OPS, _pointwise
+from .pooling import _max_pool2d
+from .reductions import _reduction
+from .runtime import MATH_DECLARATIONS, RUNTIME
+from .softmax import _softmax
+
+__all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
+# Also used from outside as `cgen.X`: MATH_DECLARATIONS and PACKED (rewrite.kernels), BATCH_NORM and
+# POINTWISE_OPS (rewrite.kernels.fusion); PARALLEL_MIN, MAX_CHANNELS, Unsupported and _fused stay
+# reachable here as they were in the single module.
+
+
+def generate(sig: dict, symbol: str) -> str | None:
+    """C source of ``symbol`` implementing checked signature ``sig``, or None when unsupported."""
+    family = _FAMILIES.get(sig["op"])
+    if family is None:
+        return None
+    if any(o["size"] and 0 in o["size"] for o in sig["outputs"]) and family is not _batch_norm:
+        return None  # an empty result: nothing to compute (batch norm's empty statistics are never written)
+    try:
+        return family(sig, symbol)
+    except Unsupported:
+        return None
+
+
+_FAMILIES = {name: _pointwise for name in _POINTWISE}
+_FAMILIES.update({
+    "aten.native_layer_norm.default": _layer_norm,
+    "aten._softmax.default": lambda sig, symbol: _softmax(sig, symbol, False),
+    "aten._log_softmax.default": lambda sig, symbol: _softmax(sig, symbol, True),
+    "aten.mm.default": lambda sig, symbol: _mm(sig, symbol, False),
+    "aten.addmm.default": lambda sig, symbol: _mm(sig, symbol, True),
+    "aten.bmm.default": _bmm,
+    "aten.embedding.default": _embedding,
+    "aten.index.Tensor": _index,
+    "aten.cat.default": _cat,
+    BATCH_NORM: _batch_norm,
+    "aten.constant_pad_nd.default": _constant_pad,
+    "aten.max_pool2d_with_indices.default": _max_pool2d,
+    FUSED: _fused,
+    "aten.sum.dim_IntList": lambda sig, symbol: _reduction(sig, symbol, False),
+    "aten.mean.dim": lambda sig, symbol: _reduction(sig, symbol, True),
+})
