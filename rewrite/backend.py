@@ -26,12 +26,11 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import exec as rexec
 from . import gears as rgears
 from .config import CompilerConfig, ConfigError
-from .dump import dump_graph
 from .fx_bridge import dynamo_input_names
 from .gears.graphs import GearFunctions, dynamo_code
 from .ir import Graph
 from .optimizer import optimize
-from .pipeline import build_callable
+from .pipeline import Stages, build_callable
 from .report import CompileReport
 from .scope import annotate_streams
 from .shape.size_inputs import read_sizes_from_tensors
@@ -164,6 +163,7 @@ class RewriteBackend:
         ``example_inputs`` (AOT's) are what the user's post_grad passes get (see rewrite.user_passes).
         """
         rep = unit.report
+        stages = Stages(unit)  # every graph dump of this unit goes through it
         # config.cache.dir: the optimized graph and gear graphs of this AOT graph may be cached (rewrite.cache.aot).
         entry = cached = None
         if self.config.cache.dir is not None:
@@ -176,7 +176,7 @@ class RewriteBackend:
         if cached is not None:
             graph, gear_graphs = cached
             rep.ops_before = entry.ops_before
-            rep.notes.append("optimized graphs from the compile cache")
+            rep.note("optimized graphs from the compile cache")
         else:
             with rep.stage("import"):
                 graph = run_pre_pass(gm, example_inputs, unit, name)  # config.post_grad_custom_pre_pass, then from_fx
@@ -184,14 +184,14 @@ class RewriteBackend:
                 rep.count("sizes_read_from_tensors", read_sizes_from_tensors(graph))
                 _freeze(graph, frozen)
                 rep.ops_before = graph.op_counts()
-            dump_graph(graph, unit, "before")
-            graph = optimize(graph, self.config, rep)
+            stages.dump(graph, "before")
+            graph = optimize(graph, unit)
             if self.config.post_grad_custom_post_pass is not None:
                 with rep.stage("post_grad_custom_post_pass"):
                     graph = annotate_streams(run_post_pass(graph, gm, example_inputs, unit), self.config, rep)
         self.on_optimized(graph, unit, frozen, gear_spec)
         rep.ops_after = graph.op_counts()
-        dump_graph(graph, unit, "after")
+        stages.dump(graph, "after")
 
         # One assembly with the loader's (rewrite.pipeline): the unit's policy decides how the gears run.
         fn = build_callable(graph, unit, gear_spec, gear_graphs)

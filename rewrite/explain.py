@@ -45,7 +45,7 @@ def explain(fn_or_module, *args, config: CompilerConfig | None = None, fullgraph
         try:
             compiled(*gear_args, **gear_kwargs)
         except Exception as e:  # noqa: BLE001 - the report says which gear could not run, and why
-            report.notes.append(f"gear {label} not run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            report.note(f"gear {label} not run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return report
 
 

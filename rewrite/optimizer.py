@@ -1,17 +1,25 @@
-"""`optimize(graph, config, report)`: the graph-level optimization pipeline, run by one schedule.
+"""`optimize(graph, unit)`: the graph-level optimization pipeline, run by one schedule.
 
 `SCHEDULE` is the one declarative value that says what runs, in which order, how often and under
-which limits; `python -m rewrite rules` prints it. A round is two steps, each run to its own
-fixpoint: the hand-written passes of `rewrite.passes` (they need torch or the IR's structure:
-dead-edge elimination, size and constant folding, computed DSL rules, constant de-duplication,
-pruning) swept until a sweep changes nothing, then one e-graph run (CSE + the DSL rulesets of
-`rewrite.rules` + DAG-aware extraction) under the ``config.rules`` limits. The steps alternate
-because each feeds the other: a rule exposes a foldable op, a fold exposes a rule (GE's
-"constant folding and InferShape alternate until nothing folds"). Once both have run, a step that
-changes nothing ends the schedule: the graph is then a fixpoint of both.
+which limits, the finishing passes included; `python -m rewrite rules` prints it, and `optimize`
+runs exactly it. First the graph's subgraphs (branches and loop bodies). Then rounds of two steps,
+each run to its own fixpoint: the hand-written passes of `rewrite.passes` (they need torch or the
+IR's structure: dead-edge elimination, size and constant folding, computed DSL rules, constant
+de-duplication, pruning) swept until a sweep changes nothing, then one e-graph run (CSE + the DSL
+rulesets of `rewrite.rules`, each for its iterations, + DAG-aware extraction) under the
+``config.rules`` limits. The steps alternate because each feeds the other: a rule exposes a
+foldable op, a fold exposes a rule (GE's "constant folding and InferShape alternate until nothing
+folds"). Once both have run, a step that changes nothing ends the rounds: the graph is then a
+fixpoint of both. Last, the finishing passes, once each, in order: what the e-graph may not
+decide (layouts, aliasing at the graph's edges, in-place updates).
 
-Called for every graph by the backend and again per gear, so an already-optimized graph must be
-cheap: one fixpoint check of the passes and one e-graph run that fires nothing.
+The unit's execution policy (`rewrite.policy`, resolved once per unit) decides which rulesets are
+offered: a ruleset that only pays where a graph runs ATen code is left out where graphs run on
+static kernels (`Saturation.aten_code_only`).
+
+Called for every graph by the backend and, through the pipeline, for every gear, so an
+already-optimized graph must be cheap: one fixpoint check of the passes and one e-graph run that
+fires nothing.
 """
 from __future__ import annotations
 
@@ -25,28 +33,41 @@ from typing import Callable
 from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
 from .cost import graph_cost
+from .dsl import RuleSet
 from .egraph import Limits, run_egraph
 from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
 from .passes import (apply_computed_rules, channels_last_convolutions, dedup_constants, eliminate_dead_edges,
                      fold_constants, fold_sizes, reinplace_buffer_updates)
-from .policy import resolve_policy
 from .report import GraphReport
 from .rules import LIBRARY, check_user_rulesets, left_out, without
+from .unit import CompileUnit, as_unit
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["optimize", "run_passes", "SCHEDULE", "Schedule", "Pass", "Sweep", "Saturation", "describe_schedule",
-           "egraph_unsupported"]
+__all__ = ["optimize", "run_passes", "library_runs", "offered_runs", "SCHEDULE", "Schedule", "Pass", "Sweep", "Run", "Saturation", "Step",
+           "describe_schedule", "egraph_unsupported"]
+
+
+@dataclasses.dataclass
+class Step:
+    """What a pass of the schedule sees: the graph it changes in place, the unit it belongs to, and the
+    e-graph runs this unit is offered."""
+
+    graph: Graph
+    unit: CompileUnit
+    runs: list  # (RuleSet, iterations) pairs: the saturation's, the user's and the policy's choice applied
+    original: Graph  # the graph as `optimize` received it (the finishing passes compare the edges with it)
+    rewritten: bool = False  # whether an e-graph run replaced the graph
 
 
 @dataclasses.dataclass(frozen=True)
 class Pass:
-    """A hand-written pass: ``run(graph, config, rulesets) -> {what: how many changes}``."""
+    """A hand-written pass: ``run(step) -> {what: how many changes}`` (counted in the unit's report)."""
 
     name: str
     stage: str  # the report's timing bucket
-    run: Callable
+    run: Callable[[Step], dict]
     doc: str
 
 
@@ -59,54 +80,112 @@ class Sweep:
 
 
 @dataclasses.dataclass(frozen=True)
-class Saturation:
-    """One e-graph run over ``rulesets`` (then ``config.rules.extra``) in order, each up to its
-    ``iterations`` per saturation round, under ``config.rules``' node, time and iteration limits;
-    extraction keeps the result only when it is no costlier."""
+class Run:
+    """One ruleset of a saturation, run up to ``iterations`` times per saturation round."""
 
-    rulesets: tuple  # RuleSet values (egglog's separation: rules are declared in rewrite.rules, run here)
+    ruleset: RuleSet
+    iterations: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Saturation:
+    """One e-graph run over ``runs`` in order (then ``config.rules.extra``, each for its own
+    ``RuleSet.iterations``), under ``config.rules``' node, time and iteration limits; extraction keeps
+    the result only when it is no costlier. ``aten_code_only``: rulesets offered only to graphs that run
+    ATen code, not static kernels (the unit's policy says which)."""
+
+    runs: tuple  # Run values (egglog's separation: rules are declared in rewrite.rules, scheduled here)
+    aten_code_only: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """Rounds of (sweep, saturation) until a step changes nothing, at most ``rounds`` rounds."""
+    """``first`` once; rounds of (sweep, saturation) until a step changes nothing, at most ``rounds``;
+    then ``finishing`` once, in order."""
 
+    first: tuple
     sweep: Sweep
     saturation: Saturation
     rounds: int
+    finishing: tuple
 
 
-def _counted(name: str, fn) -> Callable:
-    return lambda graph, config, rulesets: {name: fn(graph)}
+def _counted(name: str, fn) -> Callable[[Step], dict]:
+    return lambda step: {name: fn(step.graph)}
 
+
+def _optimize_subgraphs(step: Step) -> dict:
+    """Branches and loop bodies of control-flow ops are graphs too: optimized first, with the same unit."""
+    for n in step.graph.nodes:
+        if n.kind == "call" and any(isinstance(a, Graph) for a in n.args):
+            n.args = tuple(optimize(a, step.unit) if isinstance(a, Graph) else a for a in n.args)
+    return {}  # counted by the subgraphs' own passes, in the same report
+
+
+def _views_as_reshapes(step: Step) -> dict:
+    # The e-graph equates values, not layouts: after it rewrote the graph a view may read a differently-strided tensor.
+    if step.rewritten:
+        views_as_reshapes(step.graph)
+    return {}
+
+
+def _channels_last(step: Step) -> dict:
+    return {"channels_last": channels_last_convolutions(step.graph, _kernel_times())}
+
+
+# The library's rulesets in its order (shape ops, algebra, GEMMs, fused kernels: see rewrite.rules), each with
+# how often it runs per saturation round: 8 by default; once for commutativity (it only doubles add/mul
+# e-nodes) and for merging parallel GEMMs (a multi-pattern rule: bounded, see DESIGN); 4 for moving scales
+# into weights (a chain of views is at most that deep in the zoo).
+_ITERATIONS = {"algebra.commutativity": 1, "gemm.merge_parallel": 1, "gemm.fold_scales": 4}
 
 SCHEDULE = Schedule(
+    first=(Pass("subgraphs", "subgraphs", _optimize_subgraphs,
+                "branches and loop bodies of control-flow ops are optimized first, by this same schedule"),),
     sweep=Sweep(passes=(
         Pass("dead_edge", "dead_edge", _counted("dead_edge", eliminate_dead_edges),
              "torch.cond with a compile-time predicate -> the selected branch inlined"),
         Pass("fold_sizes", "fold", _counted("fold_sizes", fold_sizes),
              "size computations whose value is a constant expression become constants"),
-        Pass("fold", "fold", lambda graph, config, rulesets: {"fold": fold_constants(graph, config.rules.fold_size_limit)},
+        Pass("fold", "fold", lambda step: {"fold": fold_constants(step.graph, step.unit.config.rules.fold_size_limit)},
              "ops whose inputs are all constants are evaluated with torch (size cap: rules.fold_size_limit)"),
-        Pass("computed_rules", "computed_rules", lambda graph, config, rulesets: apply_computed_rules(graph, rulesets),
+        Pass("computed_rules", "computed_rules",
+             lambda step: apply_computed_rules(step.graph, [rs for rs, _ in step.runs]),
              "DSL rules with computed (Python) replacements, matched on the IR"),
         Pass("dedup", "dedup", _counted("dedup", dedup_constants),
              "constants with identical contents become one constant"),
         Pass("prune", "prune", _counted("prune", Graph.prune),
              "only what reaches an output or has a side effect survives"),
     ), max_sweeps=16),
-    # the library in its order: shape ops, algebra, GEMMs, fused kernels (see rewrite.rules)
-    saturation=Saturation(rulesets=LIBRARY),
+    saturation=Saturation(
+        runs=tuple(Run(rs, _ITERATIONS.get(rs.name, 8)) for rs in LIBRARY),
+        # oneDNN's fused linear saves the post-op's dispatch; where graphs run on static kernels a GEMM
+        # and its post-op are both C kernels in one native run, and the fused linear, which has no
+        # static kernel, becomes an ATen call that splits that run (benchmarks/zoo.py, phi at batch 8:
+        # 0.795 ms with it, 0.551 ms without).
+        aten_code_only=("fused.linear",)),
     rounds=4,
+    finishing=(
+        Pass("views_as_reshapes", "finish", _views_as_reshapes,
+             "after an e-graph rewrite, views become reshapes (a value may now have another layout)"),
+        Pass("fresh_outputs", "finish", lambda step: {"fresh_outputs": keep_outputs_fresh(step.original, step.graph)},
+             "x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice"),
+        Pass("reinplace", "finish", _counted("reinplace", reinplace_buffer_updates),
+             "a buffer's functional update written back with copy_ becomes an in-place update"),
+        Pass("channels_last", "channels_last", _channels_last,
+             "convolutions run channels-last where the kernels measured at the graph's shapes say it pays"),
+    ),
 )
 
 
-def optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph:
-    """The schedule on a copy of ``graph``; records the predicted cost before and after in ``report``."""
-    if not config.rules.enabled:
+def optimize(graph: Graph, unit: CompileUnit | CompilerConfig, report: GraphReport | None = None) -> Graph:
+    """The schedule on a copy of ``graph`` for ``unit`` (a `CompileUnit`; a config makes a detached one
+    with ``report``); records the predicted cost before and after in the unit's report."""
+    unit = as_unit(unit, graph.name, report)
+    if not unit.config.rules.enabled:
         return graph
     with _cyclic_gc_paused():
-        return _optimize(graph, config, report)
+        return _optimize(graph, unit)
 
 
 # Optimizing allocates millions of small objects (graph copies, e-graph snapshots, extraction
@@ -138,43 +217,57 @@ def _cyclic_gc_paused():
                 gc.enable()
 
 
-def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Graph:
-    rulesets = without(list(SCHEDULE.saturation.rulesets) + check_user_rulesets(config.rules.extra),
-                       config.rules.disabled)
-    if resolve_policy(config).static_kernels:
-        # oneDNN's fused linear saves the post-op's dispatch; where graphs run on static kernels a GEMM
-        # and its post-op are both C kernels in one native run, and the fused linear, which has no
-        # static kernel, becomes an ATen call that splits that run (benchmarks/zoo.py, phi at batch 8:
-        # 0.795 ms with it, 0.551 ms without). So it is only offered to graphs that run ATen code.
-        rulesets = [rs for rs in rulesets if rs.name != "fused.linear"]
+def library_runs() -> list:
+    """The library's rulesets as the schedule runs them: (RuleSet, iterations) pairs, in order."""
+    return [(r.ruleset, r.iterations) for r in SCHEDULE.saturation.runs]
+
+
+def offered_runs(unit: CompileUnit) -> list:
+    """The (ruleset, iterations) runs the saturation offers ``unit``: the schedule's, then the user's
+    rulesets, minus what ``config.rules.disabled`` names and what the unit's policy leaves out."""
+    config = unit.config
+    runs = library_runs() + [(rs, rs.iterations) for rs in check_user_rulesets(config.rules.extra)]
+    if unit.policy.static_kernels:
+        runs = [(rs, k) for rs, k in runs if rs.name not in SCHEDULE.saturation.aten_code_only]
+    kept = {id(rs): k for rs, k in runs}
+    by_name = {rs.name: k for rs, k in runs}
+    # `without` keeps object identity (the e-graph engine is cached per ruleset object); a copy without some
+    # rules keeps its original's iterations.
+    return [(rs, kept.get(id(rs), by_name.get(rs.name, rs.iterations)))
+            for rs in without([rs for rs, _ in runs], config.rules.disabled)]
+
+
+def _optimize(graph: Graph, unit: CompileUnit) -> Graph:
+    report = unit.report
     report.predicted_cost = (graph_cost(graph), None)
     if graph.symbols:  # the cost model prices a symbolic size as a stand-in value: the report says so
         from .cost import SYMBOL_SIZE
 
         report.symbolic_size_stand_in = SYMBOL_SIZE
-    original, graph = graph, graph.copy()
-    _optimize_subgraphs(graph, config, report)
-    rewritten = False
+    step = Step(graph.copy(), unit, offered_runs(unit), graph)
+    _run_each(SCHEDULE.first, step)
     for round_no in range(SCHEDULE.rounds):
-        changed = run_passes(graph, config, report, rulesets)
+        changed = run_passes(step)
         if round_no > 0 and not changed:  # the e-graph's output is a fixpoint of the sweep too
             break
-        graph, fired = _saturate(graph, config, report, rulesets)
-        rewritten = rewritten or fired
+        step.graph, fired = _saturate(step)
+        step.rewritten = step.rewritten or fired
         if not fired:
             break
-    if rewritten:
-        # The e-graph equates values, not layouts: a view may now read a differently-strided tensor.
-        views_as_reshapes(graph)
-    # x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice.
-    report.count("fresh_outputs", keep_outputs_fresh(original, graph))
-    # Last: the e-graph and the sweep see functional updates (a buffer's write-back is a pinned effect).
-    report.count("reinplace", reinplace_buffer_updates(graph))
-    # Layouts are not values: decided on the final graph, by kernels measured at its static shapes.
-    report.count("channels_last", channels_last_convolutions(graph, _kernel_times()))
-    report.predicted_cost = (report.predicted_cost[0], graph_cost(graph))
+    _run_each(SCHEDULE.finishing, step)
+    report.predicted_cost = (report.predicted_cost[0], graph_cost(step.graph))
     _save_kernel_times()
-    return graph
+    return step.graph
+
+
+def _run_each(passes, step: Step) -> dict:
+    counts: dict = {}
+    for p in passes:
+        with step.unit.report.stage(p.stage):
+            counts.update(p.run(step))
+    for what, n in counts.items():
+        step.unit.report.count(what, n)
+    return counts
 
 
 def _kernel_times():
@@ -190,30 +283,24 @@ def _save_kernel_times() -> None:
         times.save()
 
 
-def run_passes(graph: Graph, config: CompilerConfig, report: GraphReport, rulesets=()) -> bool:
-    """The schedule's sweep to a fixpoint (in place); returns whether anything changed."""
+def run_passes(step: Step) -> bool:
+    """The schedule's sweep to a fixpoint (in place on ``step.graph``); returns whether anything changed."""
     changed = False
     for _ in range(SCHEDULE.sweep.max_sweeps):
-        counts = {}
-        for p in SCHEDULE.sweep.passes:
-            with report.stage(p.stage):
-                counts.update(p.run(graph, config, rulesets))
-        for what, n in counts.items():
-            report.count(what, n)
-        if not any(counts.values()):
+        if not any(_run_each(SCHEDULE.sweep.passes, step).values()):
             break
         changed = True
     return changed
 
 
-def _saturate(graph: Graph, config: CompilerConfig, report: GraphReport, rulesets) -> tuple[Graph, bool]:
+def _saturate(step: Step) -> tuple[Graph, bool]:
+    graph, report, rules = step.graph, step.unit.report, step.unit.config.rules
     reason = egraph_unsupported(graph)
     if reason:
-        log.info("graph %s: e-graph skipped: %s", graph.name, reason)
-        report.notes.append(f"e-graph skipped: {reason}")
+        report.note(f"e-graph skipped: {reason}")
         return graph, False
-    limits = Limits(config.rules.node_limit, float(config.rules.time_limit_s), config.rules.iteration_limit)
-    graph, fired = run_egraph(graph, rulesets, limits, report)
+    graph, fired = run_egraph(graph, step.runs, Limits(rules.node_limit, float(rules.time_limit_s),
+                                                        rules.iteration_limit), report)
     return graph, bool(fired)
 
 
@@ -237,28 +324,29 @@ def egraph_unsupported(graph: Graph) -> str | None:
     return None
 
 
-def _optimize_subgraphs(graph: Graph, config: CompilerConfig, report: GraphReport) -> None:
-    """Branches and loop bodies of control-flow ops are graphs too: optimize them first."""
-    for n in graph.nodes:
-        if n.kind == "call" and any(isinstance(a, Graph) for a in n.args):
-            n.args = tuple(optimize(a, config, report) if isinstance(a, Graph) else a for a in n.args)
-
-
 def describe_schedule(extra=()) -> str:
-    """A readable listing of the schedule, its passes, rulesets and rules (``python -m rewrite rules``)."""
+    """A readable listing of the whole schedule: its passes, rulesets and rules, the finishing passes
+    (``python -m rewrite rules``). ``extra``: user rulesets, listed after the library's."""
     sweep, sat = SCHEDULE.sweep, SCHEDULE.saturation
-    lines = [f"Schedule: up to {SCHEDULE.rounds} rounds of (sweep, saturation); once both have run, a step "
-             "that changes nothing ends it.", "",
-             f"1. Sweep: these passes in order, repeated until a sweep changes nothing (at most {sweep.max_sweeps}):"]
-    width = max(len(p.name) for p in sweep.passes)
-    lines += [f"     {p.name:<{width}}  {p.doc}" for p in sweep.passes]
-    sets = list(sat.rulesets) + list(extra)
-    total = sum(len(rs) for rs in sets)
-    lines += ["", f"2. Saturation: one e-graph run under config.rules limits (node_limit, time_limit_s, "
+
+    def passes(ps) -> list[str]:
+        width = max(len(p.name) for p in ps)
+        return [f"     {p.name:<{width}}  {p.doc}" for p in ps]
+
+    runs = [(r.ruleset, r.iterations) for r in sat.runs] + [(rs, rs.iterations) for rs in extra]
+    total = sum(len(rs) for rs, _ in runs)
+    lines = [f"Schedule: first pass, then up to {SCHEDULE.rounds} rounds of (sweep, saturation) (once both have run, "
+             "a step that changes nothing ends them), then the finishing passes.", "",
+             "0. First, once:"] + passes(SCHEDULE.first)
+    lines += ["", f"1. Sweep: these passes in order, repeated until a sweep changes nothing (at most {sweep.max_sweeps}):"]
+    lines += passes(sweep.passes)
+    lines += ["", "2. Saturation: one e-graph run under config.rules limits (node_limit, time_limit_s, "
               "iteration_limit); CSE is no pass: equal computations are one e-class (reports count it as cse).",
-              f"   Rulesets ({len(sets)} sets, {total} rules; run in this order, each up to its iterations per round):"]
-    for rs in sets:
-        head = f"     {rs.name}  ({len(rs)} rules, {rs.iterations} iterations)"
+              f"   Rulesets ({len(runs)} sets, {total} rules; run in this order, each up to its iterations per round):"]
+    for rs, iterations in runs:
+        head = f"     {rs.name}  ({len(rs)} rules, {iterations} iterations)"
+        if rs.name in sat.aten_code_only:
+            head += " [only where graphs run ATen code, not static kernels]"
         if rs.description:
             head += f"  - {rs.description}"
         lines.append(head)
@@ -268,5 +356,6 @@ def describe_schedule(extra=()) -> str:
         lines += ["", "   Left out in this build (the kernel or its shape function is missing):"]
         lines += [f"     {why}" for why in missing]
     lines += ["", "   Switch a rule, a ruleset or a whole family (the ruleset name up to its first dot) off by name: "
-              "config.rules.disabled = [...]."]
+              "config.rules.disabled = [...].", "", "3. Finishing passes, once each, in order:"]
+    lines += passes(SCHEDULE.finishing)
     return "\n".join(lines)

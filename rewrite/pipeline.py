@@ -5,20 +5,50 @@ A compiled model (`rewrite.backend`) and a loaded export or ``cache_compile`` en
 execution policy (`rewrite.policy`) picks the program (`exec.program_for`), a graph with size
 symbols becomes one static graph per gear (`gears.compile_dynamic`), each static graph is built
 by `exec.build_executable`, and the program then builds what its gears share (static kernels)
-in one go. The driver writes the graph dumps at these stage boundaries; the executors write none.
+in one go.
+
+The driver hands the stages below it what they need instead of their reaching up for it: gears get
+the optimizer to re-optimize each gear's static graph with (`Stages.optimize_gear`, whose counts land
+in the unit's report under that gear) and the dump to write each gear's graph with; the executor gets
+a hook for the code it generated per stream. Every graph dump of a compile goes through `Stages.dump`
+(the backend's "before" and "after" too).
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 
 from . import exec as rexec
 from . import gears as rgears
 from .distributed import guard_collectives
 from .dump import dump_graph
 from .ir import Graph
+from .report import GraphReport
 from .unit import CompileUnit
 
-__all__ = ["build_callable"]
+__all__ = ["build_callable", "Stages"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """What the driver hands the stages of one unit: how a gear's graph is optimized, and where dumps go."""
+
+    unit: CompileUnit
+
+    def dump(self, graph: Graph, stage: str, source: str | None = None) -> None:
+        """Write ``graph`` at stage boundary ``stage`` when ``config.debug.graph_dump`` asks for it."""
+        dump_graph(graph, self.unit, stage, source=source)
+
+    def optimize_gear(self, graph: Graph, key: tuple) -> Graph:
+        """Re-optimize gear ``key``'s static graph (fixed sizes fold further); its counts land in the unit's
+        report under the gear (``report.gear_applied[key]``), its time in the report's "gears" stage."""
+        from .optimizer import optimize  # here: a load whose gears all come from the cache never imports it
+
+        report = GraphReport(graph.name)
+        out = optimize(graph, dataclasses.replace(self.unit, report=report))
+        self.unit.report.gear_applied[key] = dict(report.applied)
+        for note in report.notes:
+            self.unit.report.note(f"gear {key}: {note}")
+        return out
 
 
 def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs: dict | None = None):
@@ -27,25 +57,20 @@ def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs:
     ``gear_graphs`` (gear key -> optimized static graph): the compile cache's hook, see `gears.compile_dynamic`.
     """
     program = rexec.program_for(unit)
+    stages = Stages(unit)
 
     def build_static(g: Graph):
-        fn = rexec.build_executable(g, unit, program=program)
-        code = g.output.attrs.get(rexec.STREAM_CODE)
-        if code is not None:  # the py dump shows the code the scheduler generated per stream, waits included
-            dump_graph(g, unit, "streams", source=code)
-        return fn
+        # the py dump of a multi-stream graph shows the code the scheduler generated per stream, waits included
+        return rexec.build_executable(g, unit, program=program,
+                                      show_code=lambda source: stages.dump(g, "streams", source))
 
     if graph.is_static() or gear_spec is None:
-        with _stage(unit, "codegen"):
+        with unit.report.stage("codegen"):
             fn = build_static(graph)
     else:
-        fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static, gear_graphs=gear_graphs)
+        fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static, stages, gear_graphs=gear_graphs)
     if program is not None:
-        with _stage(unit, "plan"):
+        with unit.report.stage("plan"):
             program.finalize()
     # A graph with collectives names the rank that failed when a peer's collective is missing (rewrite.distributed).
     return guard_collectives(fn, graph)
-
-
-def _stage(unit: CompileUnit, name: str):
-    return unit.report.stage(name) if unit.report is not None else contextlib.nullcontext()

@@ -17,8 +17,19 @@ log = logging.getLogger("rewrite")
 __all__ = ["CompileReport", "GraphReport", "GearGraphs", "Retrace"]
 
 
+class _Notes:
+    """The one door for what a stage wants the user to read: ``report.note(msg)``."""
+
+    notes: list
+
+    def note(self, msg: str, level: int = logging.INFO) -> None:
+        """Log ``msg`` (at INFO unless ``level`` says otherwise) and keep it in the report."""
+        log.log(level, "%s", msg)
+        self.notes.append(msg)
+
+
 @dataclasses.dataclass
-class GraphReport:
+class GraphReport(_Notes):
     name: str
     ops_before: dict = dataclasses.field(default_factory=dict)
     ops_after: dict = dataclasses.field(default_factory=dict)
@@ -27,6 +38,8 @@ class GraphReport:
     stage_seconds: dict = dataclasses.field(default_factory=dict)
     # gear (tuple of symbol values) -> op counts of that gear's static graph
     gears: dict = dataclasses.field(default_factory=dict)
+    # gear -> what re-optimizing that gear's static graph fired (pass and rule counts, as ``applied``)
+    gear_applied: dict = dataclasses.field(default_factory=dict)
     notes: list = dataclasses.field(default_factory=list)
     # (before, after) predicted seconds of the graph by the calibrated cost model (rewrite.cost)
     predicted_cost: tuple | None = None
@@ -38,10 +51,6 @@ class GraphReport:
     # The memory the gears of this graph share (rewrite.exec.cuda_graphs.PoolMemory on CUDA), once known
     memory: object = None
 
-    def note(self, msg: str) -> None:
-        """The one door for what a stage wants the user to read: logged at INFO and kept in the report."""
-        log.info("%s", msg)
-        self.notes.append(msg)
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -81,7 +90,10 @@ class GraphReport:
         if self.gears:
             lines.append("  gears:")
             for gear, counts in self.gears.items():
-                lines.append(f"    {gear}: {sum(counts.values())} ops")
+                fired = self.gear_applied.get(gear)
+                lines.append(f"    {gear}: {sum(counts.values())} ops"
+                             + (("; re-optimized: " + ", ".join(f"{k} x{v}" for k, v in sorted(fired.items())))
+                                if fired else ""))
         if self.memory is not None:
             lines.append(f"  memory: {self.memory}")
         if self.stage_seconds:
@@ -136,7 +148,7 @@ class GearGraphs:
 
 
 @dataclasses.dataclass
-class CompileReport:
+class CompileReport(_Notes):
     graphs: list = dataclasses.field(default_factory=list)
     graph_breaks: int = 0
     result: object = None  # what the compiled call returned, when `rewrite.explain` made the call

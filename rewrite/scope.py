@@ -277,6 +277,7 @@ def _warn_unmatched(graph: Graph, waits: list[_PendingWait], report) -> None:
         if not w.matched:
             msg = (f"graph {graph.name}: wait_tensor({w.reads}, {w.dependency}) at {w.marker} has no effect: "
                    f"no op reads {w.reads} after it in the same stream scope")
-            log.warning(msg)
             if report is not None:
-                report.notes.append(msg)
+                report.note(msg, logging.WARNING)
+            else:
+                log.warning(msg)

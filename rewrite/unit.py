@@ -32,7 +32,7 @@ class CompileUnit:
     number: int  # the Dynamo graph's number: a forward and its backward share it; dump file names show it
     kind: str  # one of KINDS
     config: CompilerConfig
-    report: GraphReport | None = None  # where stages count what they did and leave notes (None: log only)
+    report: GraphReport | None = None  # where stages count what they did and leave notes (None: a report of its own)
     # indices of graph inputs that stay in place across calls: the model's parameters and buffers, and tensors
     # marked with torch._dynamo.mark_static_address (a static KV cache); CUDA graphs read them where they are
     weights: tuple = ()
@@ -42,6 +42,8 @@ class CompileUnit:
         if self.kind not in KINDS:
             raise ValueError(f"compile unit {self.name}: kind {self.kind!r} is not one of {KINDS}")
         object.__setattr__(self, "policy", resolve_policy(self.config, self.kind))  # frozen: set once, here
+        if self.report is None:  # every stage reports to `report.note` / `report.count`, whoever made the unit
+            object.__setattr__(self, "report", GraphReport(self.name))
 
     @classmethod
     def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport,

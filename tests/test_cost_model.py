@@ -174,12 +174,12 @@ def _qkv_like(merged: Graph) -> Graph:
 
 def test_multi_pattern_merge_is_guarded_against_explosion():
     from rewrite.egraph import Limits, run_egraph
-    from rewrite.rules import default_rulesets
+    from rewrite.optimizer import library_runs
 
     g = _qkv(n_siblings=8, width=16)
     report = GraphReport("siblings")
     with calibration.use(DEFAULT):
-        out, changed = run_egraph(g, default_rulesets(), Limits(), report)
+        out, changed = run_egraph(g, library_runs(), Limits(), report)
     pairs, triples = report.applied.get("merge_parallel_addmm_2", 0), report.applied.get("merge_parallel_addmm_3", 0)
     # one e-graph run: every pair and triple of original GEMMs once (each member unioned), merged GEMMs never
     assert (pairs, triples) == (2 * 28, 3 * 56) and not report.notes

@@ -11,6 +11,7 @@ from rewrite.exec.codegen import compile_graph_to_python
 from rewrite.fx_bridge import from_fx
 from rewrite.ir import Graph, SymMeta, TensorMeta
 from rewrite.report import GraphReport
+from rewrite.optimizer import library_runs
 from rewrite.rules import default_rulesets
 
 aten = torch.ops.aten
@@ -29,7 +30,7 @@ def run(graph: Graph, *inputs):
 
 def egraph(graph: Graph, rulesets=None, limits=None):
     report = GraphReport(graph.name)
-    out, _ = run_egraph(graph, default_rulesets() if rulesets is None else rulesets, limits or Limits(), report)
+    out, _ = run_egraph(graph, library_runs() if rulesets is None else rulesets, limits or Limits(), report)
     return out, report
 
 

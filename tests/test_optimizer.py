@@ -209,3 +209,37 @@ def test_real_models_match_eager_and_show_folding_cse_pruning(name):
     assert applied.get("fold", 0) + applied.get("fold_sizes", 0) > 0
     assert applied.get("prune", 0) + applied.get("dedup", 0) + applied.get("cse", 0) > 0
     assert any(k.startswith("egraph.") for k in report.graphs[0].stage_seconds)
+
+
+def _linear_tanh_graph(rows: int = 2, width: int = 64) -> Graph:
+    """x @ w + b, then tanh, with w and b constants (frozen weights): what oneDNN's fused linear replaces
+    (BERT's pooler)."""
+    g = Graph("linear_tanh")
+    x = g.placeholder("x", meta(rows, width))
+    w = g.constant(torch.randn(width, width, generator=torch.Generator().manual_seed(0)))
+    b = g.constant(torch.randn(width, generator=torch.Generator().manual_seed(1)))
+    y = g.call(aten.addmm.default, (b, x, w), meta=meta(rows, width))
+    g.set_output((g.call(aten.tanh.default, (y,), meta=meta(rows, width)),))
+    return g
+
+
+@pytest.mark.skipif(not rewrite.rules.fused.LINEAR.rules, reason="this build has no oneDNN fused linear")
+def test_the_fused_linear_is_offered_by_the_units_own_policy():
+    """Which rulesets a graph is offered follows its unit's execution policy: in the default mode a training
+    forward graph runs its ATen code (it never tiers up), so it gets oneDNN's fused linear; an inference graph
+    of the same config tiers up to static kernels, where the fused linear (no static kernel) would split a
+    native run, so it does not. (The optimizer once resolved the policy again as if every graph were inference.)"""
+    from rewrite import calibration
+    from rewrite.unit import CompileUnit
+
+    config = CompilerConfig()
+    for kind, offered in (("forward", True), ("inference", False)):
+        unit = CompileUnit(f"g0_{kind}", 0, kind, config)
+        assert unit.policy.tiers_up is (kind == "inference")
+        with calibration.use(calibration.DEFAULT):
+            out = optimize(_linear_tanh_graph(), unit)
+        # offered: the rule fired in the e-graph (whether extraction keeps the fused kernel is the cost model's
+        # call, from kernels timed on this machine)
+        assert bool(unit.report.applied.get("linear_tanh")) is offered, (kind, unit.report.applied)
+        x = torch.randn(2, 64)
+        torch.testing.assert_close(run(out, x)[0], run(_linear_tanh_graph(), x)[0], rtol=1e-5, atol=1e-5)

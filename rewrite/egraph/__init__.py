@@ -39,9 +39,16 @@ log = logging.getLogger("rewrite")
 __all__ = ["run_egraph", "Limits", "EGraphRun", "Engine", "engine_for", "compile_rulesets"]
 
 
+def _runs(rulesets) -> list:
+    """``rulesets`` as (RuleSet, iterations) pairs: a pair as it is (the schedule's count), a RuleSet with
+    its own ``iterations``."""
+    return [r if isinstance(r, tuple) else (r, r.iterations) for r in rulesets]
+
+
 class Engine:
     """An egglog EGraph with the prelude and the rulesets declared (declaring ~100 rules costs
-    ~0.5 s, so engines are cached per ruleset list and each graph runs between push and pop)."""
+    ~0.5 s, so engines are cached per ruleset list and each graph runs between push and pop).
+    ``rulesets``: RuleSets, or (RuleSet, iterations) pairs as the optimizer's schedule gives them."""
 
     def __init__(self, rulesets: list):
         import egglog.bindings as eb  # here, not at import time: see "Threads and processes"
@@ -53,11 +60,11 @@ class Engine:
         self.egraph.run_program(*self.egraph.parse_program(NAME_PRELUDE))
         compiler = RuleCompiler(self.tables)
         self.schedule, bodies = [("facts", 1)], []  # facts first: which ops compute which e-classes
-        for rs in rulesets:
+        for rs, iterations in _runs(rulesets):
             if not rs.pattern_rules:
                 continue
             name, cmds = compiler.compile_ruleset(rs)
-            self.schedule.append((name, rs.iterations))
+            self.schedule.append((name, iterations))
             bodies.extend(cmds)
         for cmd in compiler.declarations + bodies:
             self.egraph.run_program(*self.egraph.parse_program(cmd))
@@ -73,7 +80,7 @@ _engine_unusable: str | None = None
 
 
 def _engine_key(rulesets: list) -> tuple:
-    return tuple((id(rs), rs.name, rs.iterations, tuple(id(r) for r in rs.rules)) for rs in rulesets)
+    return tuple((id(rs), rs.name, iterations, tuple(id(r) for r in rs.rules)) for rs, iterations in _runs(rulesets))
 
 
 def engine_for(rulesets: list) -> Engine:
@@ -86,7 +93,7 @@ def engine_for(rulesets: list) -> Engine:
     if entry is None:
         if len(engines) >= ENGINES_PER_THREAD:
             engines.pop(next(iter(engines)))
-        keep = [(rs, list(rs.rules)) for rs in rulesets]
+        keep = [(rs, list(rs.rules)) for rs, _ in _runs(rulesets)]
         entry = engines[key] = (keep, Engine(rulesets))
     return entry[1]
 
@@ -154,7 +161,7 @@ def compile_rulesets(rulesets: list) -> list[str]:
 
 
 def run_egraph(graph: Graph, rulesets: list, limits: Limits, report) -> tuple[Graph, bool]:
-    """Optimize ``graph`` with ``rulesets`` in an e-graph.
+    """Optimize ``graph`` with ``rulesets`` (RuleSets, or (RuleSet, iterations) pairs) in an e-graph.
 
     Returns (graph, changed): the input graph itself on any failure or when the result is not
     cheaper; ``changed`` says whether a rule fired or CSE merged something.
@@ -162,7 +169,7 @@ def run_egraph(graph: Graph, rulesets: list, limits: Limits, report) -> tuple[Gr
     if _engine_unusable is not None:
         if not any(_engine_unusable in n for n in report.notes):
             log.warning("e-graph skipped for %s: %s", graph.name, _engine_unusable)
-            report.notes.append(f"e-graph skipped: {_engine_unusable}")
+            report.note(f"e-graph skipped: {_engine_unusable}")
         return graph, False
     with report.stage("egraph.load"):
         engine = engine_for(rulesets)
@@ -183,7 +190,7 @@ def _run(graph: Graph, run: EGraphRun, report) -> tuple[Graph, bool]:
         for rule_name, n in result.fired.items():
             report.count(rule_name, n)
         if result.stopped_by:
-            report.notes.append(f"e-graph: saturation stopped by the {result.stopped_by}; best graph so far kept")
+            report.note(f"e-graph: saturation stopped by the {result.stopped_by}; best graph so far kept")
         with report.stage("egraph.extract"):
             new = run.extract()
         _check_same_interface(graph, new)
@@ -191,7 +198,7 @@ def _run(graph: Graph, run: EGraphRun, report) -> tuple[Graph, bool]:
         log.warning("e-graph optimization of %s failed (%s: %s); keeping the graph as it was",
                     graph.name, type(e).__name__, e)
         log.debug("e-graph failure", exc_info=True)
-        report.notes.append(f"e-graph skipped: {type(e).__name__}: {e}")
+        report.note(f"e-graph skipped: {type(e).__name__}: {e}")
         return graph, False
     changed = bool(loaded.cse or result.fired)
     if not changed:

@@ -21,7 +21,6 @@ import torch
 
 from ..config import ConfigError
 from ..ir import Graph
-from ..policy import resolve_policy
 from ..unit import CompileUnit, as_unit
 from ..waits import order_with_waits, resolve_waits
 from .codegen import compile_graph_to_python
@@ -33,11 +32,9 @@ from .streams import StreamPlan, plan_streams
 log = logging.getLogger("rewrite")
 
 __all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for", "PlannedProgram",
-           "STREAM_CODE", "direct_call", "program_for"]
+           "direct_call", "program_for"]
 
 DYNAMIC_MULTI_STREAM_ENV = "REWRITE_DYNAMIC_SHAPE_MULTI_STREAM"
-# The output node's attribute holding a multi-stream graph's generated per-stream code, for graph dumps.
-STREAM_CODE = "stream_code"
 
 
 def check_config(config) -> None:
@@ -51,28 +48,21 @@ def check_config(config) -> None:
         check_static_kernels(config)
 
 
-def _note(report, msg: str) -> None:
-    log.info(msg)
-    if report is not None:
-        report.notes.append(msg)
-
-
-def stream_plan_for(graph: Graph, config, report=None, policy=None) -> StreamPlan | None:
-    """The multi-stream plan of ``graph``, or None when it runs on one stream (see module doc).
-
-    ``policy``: the graph's `ExecutionPolicy` (default: resolved from ``config``)."""
+def stream_plan_for(graph: Graph, unit: CompileUnit) -> StreamPlan | None:
+    """The multi-stream plan of ``graph`` (a graph of ``unit``), or None when it runs on one stream (see module doc)."""
+    config, report = unit.config, unit.report
     annotated = any(n.stream is not None for n in graph.nodes)
     if not annotated and not config.exec.auto_streams:
         return None
     if config.ge_config.enable_single_stream:
         return None
     if not graph.is_static() and os.environ.get(DYNAMIC_MULTI_STREAM_ENV) != "1":
-        _note(report, f"graph {graph.name} has dynamic shapes: runs on one stream "
-                      f"(set {DYNAMIC_MULTI_STREAM_ENV}=1 for multi-stream)")
+        report.note(f"graph {graph.name} has dynamic shapes: runs on one stream "
+                    f"(set {DYNAMIC_MULTI_STREAM_ENV}=1 for multi-stream)")
         return None
-    if (policy or resolve_policy(config)).kernels == "inductor":
-        _note(report, f"graph {graph.name}: exec.kernels = 'inductor' runs the graph on one stream; "
-                      "stream scopes only order it")
+    if unit.policy.kernels == "inductor":
+        report.note(f"graph {graph.name}: exec.kernels = 'inductor' runs the graph on one stream; "
+                    "stream scopes only order it")
         return None
     assign = None
     if not annotated:
@@ -87,9 +77,9 @@ def stream_plan_for(graph: Graph, config, report=None, policy=None) -> StreamPla
     return plan
 
 
-def _record_syncs(plan: StreamPlan, code: str) -> None:
-    """Write the plan and the code generated for it into node attributes, so graph dumps show every
-    stream and synchronisation (the driver dumps the graph once it is built)."""
+def _record_syncs(plan: StreamPlan) -> None:
+    """Write the plan into node attributes, so graph dumps show every stream and synchronisation (the
+    driver dumps the graph once it is built)."""
     for n in plan.order:
         tag = plan.streams[plan.stream_of[n.id]]
         if tag is not None:
@@ -103,16 +93,16 @@ def _record_syncs(plan: StreamPlan, code: str) -> None:
     out_syncs = [f"wait %{p.name} on stream {plan.tag(p)}" for p in plan.output_waits]
     if out_syncs:
         out.attrs["syncs"] = out_syncs
-    out.attrs[STREAM_CODE] = code
 
 
-def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None):
+def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None, show_code=None):
     """Compile ``graph`` for execution with the kernel backend ``config.exec.kernels`` selects.
 
     ``unit`` is the `CompileUnit` the graph belongs to; a graph built on its own passes a
     ``CompilerConfig`` instead (with the report, if any, that collects its notes). ``program``: the
     compiled function's `PlannedProgram` (`program_for`): in reduce-overhead mode static graphs get a
-    plan, in the default mode static CPU graphs tier up to one after their first calls.
+    plan, in the default mode static graphs tier up after their first calls. ``show_code(source)``: the
+    driver's hook for the code a multi-stream graph runs per stream (its graph dump shows it).
     """
     unit = as_unit(unit, graph.name, report)
     config, report, policy = unit.config, unit.report, unit.policy
@@ -120,11 +110,10 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
     waits = resolve_waits(graph)
     if waits:  # a cycle is an error whichever way the graph runs
         order_with_waits(graph, waits)
-    plan = stream_plan_for(graph, config, report, policy)
+    plan = stream_plan_for(graph, unit)
     if plan is not None:
-        if report is not None:
-            report.count("streams", len(plan.streams))
-            report.count("stream_syncs", plan.num_syncs)
+        report.count("streams", len(plan.streams))
+        report.count("stream_syncs", plan.num_syncs)
         device = device_of(graph)
         if device.type == "cuda":
             from .stream_cuda import compile_cuda_streams
@@ -135,7 +124,9 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None)
 
             threads = config.exec.stream_intra_op_threads or max(1, torch.get_num_threads() // len(plan.streams))
             fn = compile_cpu_streams(plan, config.exec.stream_timeout_s, threads)
-        _record_syncs(plan, fn.__rewrite_source__)
+        _record_syncs(plan)
+        if show_code is not None:
+            show_code(fn.__rewrite_source__)
         log.info("graph %s: %d streams, %d synchronisations\n%s", graph.name, len(plan.streams),
                  plan.num_syncs, plan.describe())
         if program is None:

@@ -286,7 +286,4 @@ class PlannedProgram:
 
     def note(self, msg: str) -> None:
         """Log ``msg`` and add it to the compiled function's report."""
-        if self.unit.report is not None:
-            self.unit.report.note(msg)
-        else:
-            log.info("%s", msg)
+        self.unit.report.note(msg)

@@ -17,7 +17,6 @@ import torch
 
 from ..fx_bridge import argument_path
 from ..ir import Graph, TensorMeta
-from ..report import GraphReport
 from ..unit import CompileUnit
 from .dispatch import GearDispatcher, GearSymbol
 from .spec import GearError, GearSpec, retrace_at_own_sizes
@@ -242,21 +241,19 @@ def concretize(graph: Graph, values: dict) -> Graph:
     return static
 
 
-def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit, build_static, *,
+def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_static, stages, *,
                     gear_graphs: dict | None = None):
-    """Compile a graph with size symbols: one static graph per gear, else the symbolic graph itself.
+    """Compile a graph with size symbols: one static graph per gear (and the symbolic graph itself
+    where the fallback asks for it).
 
     ``unit`` is the graph's `CompileUnit` (`CompileUnit.detached` for a graph built outside the
-    backend, e.g. a loaded export); ``build_static(graph)`` builds one executable. ``gear_graphs``
-    (gear key -> optimized static graph) is the compile cache's hook: a gear found there is built as
-    it is (no substitution, no optimization); every gear optimized here is added.
+    backend, e.g. a loaded export); ``build_static(graph)`` builds one executable; ``stages`` is what
+    the driver hands down (`rewrite.pipeline.Stages`): ``optimize_gear(static, key)`` re-optimizes a
+    gear's graph, ``dump(graph, stage)`` writes it. ``gear_graphs`` (gear key -> optimized static
+    graph) is the compile cache's hook: a gear found there is built as it is (no substitution, no
+    optimization); every gear optimized here is added.
     """
     report, number = unit.report, unit.number
-    if gear_spec is None:
-        with report.stage("codegen"):
-            return build_static(graph)
-    from ..dump import dump_graph
-
     fallback = unit.config.inference_config.gear_fallback
     symbols, gears = bind_gears(graph, gear_spec)
     # A first call whose own sizes are no gear is refused by the dispatcher when it runs, not here:
@@ -291,26 +288,23 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec | None, unit: CompileUnit,
             if why:
                 log.warning("gears: gear %s cannot use graph %d (%s); Dynamo traces such shapes separately",
                             key, number, why)
-                report.notes.append(f"gear {key} left out: {why}")
+                report.note(f"gear {key} left out: {why}")
                 continue
             t0 = time.perf_counter()
             static = gear_graphs.get(key) if gear_graphs is not None else None
             cached = static is not None
             if not cached:
-                from ..optimizer import optimize  # here: a load whose gears all come from the cache never imports it
-
-                static = concretize(graph, values)
-                static = optimize(static, unit.config, GraphReport(static.name))
+                static = stages.optimize_gear(concretize(graph, values), key)
                 if gear_graphs is not None:
                     gear_graphs[key] = static
-            dump_graph(static, unit, "gear")  # static.name carries the gear values
+            stages.dump(static, "gear")  # static.name carries the gear values
             report.gears[key] = static.op_counts()
             table[key] = build_static(static)
             log.log(verbose, "gears: graph %d gear %d/%d %s %s in %.2f s", number, n, len(gears), key,
                     "built from the cache" if cached else "compiled", time.perf_counter() - t0)
     if not table:
         raise GearError(f"graph {number}: every gear contradicts the traced graph; see the warnings above")
-    report.notes.append("gear keys are (" + ", ".join(f"{s.symbol}={s.label}" for s in symbols) + ")")
+    report.note("gear keys are (" + ", ".join(f"{s.symbol}={s.label}" for s in symbols) + ")")
     report.count("gear graphs", len(table))
 
     dynamic_fn = padder = refusal = None

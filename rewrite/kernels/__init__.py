@@ -337,16 +337,13 @@ class StaticKernels:
 
     def _report(self, needed: int, found: int, built: int, seconds: float) -> None:
         rep = self.unit.report
-        if rep is not None:
-            rep.count("static kernels", needed)
-            rep.count("static kernels built", built)
+        rep.count("static kernels", needed)
+        rep.count("static kernels built", built)
         self._note(f"static kernels: {needed} needed, {found} found in artifacts, {built} built, {seconds:.2f} s "
                    f"(build dir {self.store.build_dir})")
 
     def _note(self, msg: str) -> None:
-        log.info("%s", msg)
-        if self.unit.report is not None:
-            self.unit.report.notes.append(msg)
+        self.unit.report.note(msg)
 
     # -- running (rewrite.exec.planned.NativeRuns) ----------------------------------------------
     @property

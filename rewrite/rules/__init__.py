@@ -7,8 +7,8 @@
 
 A rule module contributes ``RULESETS: list[RuleSet]`` (and ``LEFT_OUT``, the rules this build
 lacks, with why). A ruleset's name is ``family.name``. `LIBRARY` is the rulesets in the order the
-schedule runs them, as values: `rewrite.optimizer.SCHEDULE` holds them (each with its iteration
-count), this package knows nothing of the schedule. Hand-written passes (folding, dedup, dead
+schedule runs them, as values: `rewrite.optimizer.SCHEDULE` holds them with how often each runs
+per round; this package knows nothing of the schedule (egglog's separation: rulesets carry rules). Hand-written passes (folding, dedup, dead
 edges) live in `rewrite.passes`. Users add rulesets through
 ``CompilerConfig().rules.extra`` and switch rules off by name (a rule, a ruleset or a whole family)
 through ``CompilerConfig().rules.disabled`` (`without`).
@@ -31,7 +31,8 @@ LIBRARY: tuple[RuleSet, ...] = tuple(rs for module in _MODULES for rs in module.
 
 
 def default_rulesets() -> list[RuleSet]:
-    """The library's rulesets, in the order the schedule runs them (`LIBRARY`)."""
+    """The library's rulesets, in the order the schedule runs them (`LIBRARY`; how often each runs is the
+    schedule's: `rewrite.optimizer.library_runs`)."""
     return list(LIBRARY)
 
 

@@ -115,6 +115,6 @@ IDEMPOTENCE = RuleSet("algebra.idempotence", [
 COMMUTATIVITY = RuleSet("algebra.commutativity", [
     rule(aten.add.Tensor(x, y), aten.add.Tensor(y, x), when=[tensor(x), same_dtype(x, y)], name="add_commute"),
     rule(aten.mul.Tensor(x, y), aten.mul.Tensor(y, x), when=[tensor(x), same_dtype(x, y)], name="mul_commute"),
-], iterations=1, description="x+y = y+x and x*y = y*x (exact in IEEE arithmetic)")
+], description="x+y = y+x and x*y = y*x (exact in IEEE arithmetic)")
 
 RULESETS = [IDENTITIES, IDENTITY_CHAINS, NEGATION, IDEMPOTENCE, COMMUTATIVITY]

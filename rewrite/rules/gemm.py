@@ -66,7 +66,6 @@ def _merge(k: int, bias: bool):
 
 
 MERGE_PARALLEL = RuleSet("gemm.merge_parallel", [_merge(k, bias) for k in (3, 2) for bias in (True, False)],
-                         iterations=1,
                          description="2 or 3 GEMMs of one input and same-shaped frozen weights -> one GEMM + split")
 
 # -- scalars into weights --------------------------------------------------------------------------
@@ -106,7 +105,7 @@ FOLD_SCALES = RuleSet("gemm.fold_scales", [
 ] + [
     rule(mul(view(y), c), view(mul(y, c)), when=[is_float(y), is_scalar(c)], commute=False, name=f"scale_before_{name}")
     for name, view in _VIEWS.items()
-], iterations=4, description="a scalar scale moves through views and bmm into the frozen weights of addmm")
+], description="a scalar scale moves through views and bmm into the frozen weights of addmm")
 
 # -- batch norms into the layer before ----------------------------------------------------------------
 # Inference batch norm is y * k + (beta - mean * k) per channel, k = gamma / sqrt(var + eps). The
