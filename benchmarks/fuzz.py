@@ -120,12 +120,12 @@ def main() -> None:
         "bit, except the mm decomposition, compared within the dtype tolerance since it sums in "
         "another order, with its CPU size limit raised so small products are decomposed. A "
         "counterexample's first line is shown; tests/test_fx_pass_inductor.py pins the findings and "
-        "the README shows them end to end through torch.compile.",
+        "docs/testing.md shows them end to end through torch.compile.",
         found,
         "What the unsound rows mean (checked by hand): `constant_fold_uniform_value` folds float `x * 0` "
         "(integer literal 0) to 0 (eager: NaN for NaN/inf, -0.0 for negatives) and `x + zeros` to `x` "
         "(-0.0 kept, and a returned sum becomes the input itself); both reach users of "
-        "`torch.compile` (README). `remove_noop_ops` (and the post-grad pipeline that runs it) turns "
+        "`torch.compile` (docs/testing.md). `remove_noop_ops` (and the post-grad pipeline that runs it) turns "
         "a returned `clone(self._tensor_constant0)` into the constant itself, so a GraphModule run "
         "directly hands its constant to the caller; through `torch.compile` (with and without "
         "freezing) the returned tensor stayed fresh when we tried, so this one is a pass-contract "

@@ -23,7 +23,7 @@ marked ``*``. The first call of every contender is at batch 1, as a server's fir
 (in torch 2.13 specialize_on then fails on MiniLM with an InternalTorchDynamoError at that size).
 
 Every contender gets ``exec.tier_up_calls + 2`` warm-up calls per gear before timing, so the
-default mode has tiered up (see README, Tier-up). Compile time is the sum over gears of (first call
+default mode has tiered up (see docs/tier_up.md). Compile time is the sum over gears of (first call
 at that gear - its steady latency) plus (slowest warm-up call - steady latency): the tier-up's
 build for ``rewrite``, about nothing for the others. In fresh
 processes (skipped with ``--no-subprocess``): the time from model construction to the first result

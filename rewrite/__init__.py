@@ -3,7 +3,7 @@
     import torch, rewrite
     model = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()))
 
-See DESIGN.md for the architecture; `rewrite.explain` shows what the compiler did to a model.
+See docs/design.md for the architecture; `rewrite.explain` shows what the compiler did to a model.
 """
 from __future__ import annotations
 

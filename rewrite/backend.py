@@ -1,6 +1,6 @@
 """The torch.compile backend: Dynamo graph -> AOTAutograd core-ATen graph -> rewrite pipeline.
 
-Pipeline of one graph (see DESIGN.md):
+Pipeline of one graph (see docs/design.md, "Pipeline"):
     [post_grad_custom_pre_pass] -> from_fx -> stream scopes become node attributes -> freeze weights (optional)
     -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary) -> [post_grad_custom_post_pass]
     -> rewrite.pipeline, shared with the loader: gears (one static graph per gear, re-optimized) ->

@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 
 class UnknownFieldError(ConfigError, AttributeError):
     """A config field or section that does not exist was read (``config.dump_config.enable_dump = True``
-    reads ``dump_config`` first). A `ConfigError`, as the README promises for TorchAir-only sections,
+    reads ``dump_config`` first). A `ConfigError`, as docs/porting_from_torchair.md promises for TorchAir-only sections,
     and an AttributeError, so ``hasattr`` and ``getattr(config, name, default)`` keep working."""
 
 
@@ -142,9 +142,9 @@ class _Section:
         return f"{type(self).__name__}({self.as_dict()})"
 
 
-# TorchAir config names rewrite does not have, and why (the README's "Porting from TorchAir").
+# TorchAir config names rewrite does not have, and why (docs/porting_from_torchair.md).
 _TORCHAIR_ONLY = {
-    name: f" ({name} is TorchAir's {what}, which rewrite does not have; see the README, Porting from TorchAir)"
+    name: f" ({name} is TorchAir's {what}, which rewrite does not have; see docs/porting_from_torchair.md)"
     for name, what in [("dump_config", "GE dump section"), ("aoe_config", "AOE tuning section"),
                        ("fusion_config", "GE fusion section"), ("clone_input", "npugraph_ex input-copy switch"),
                        ("remove_noop_ops", "npugraph_ex pass switch")]

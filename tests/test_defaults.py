@@ -1,9 +1,9 @@
 """Defaults are tested (issue 24): every public entry point called with only its required arguments,
-from a temporary working directory, checked against eager and against where the README says the
+from a temporary working directory, checked against eager and against where the docs say the
 files go (``export_file/`` for dynamo_export, ``.rewrite_cache/`` for cache_compile, the per-user
-cache folder for calibrate), and the files loaded and run the way the README says.
+cache folder for calibrate), and the files loaded and run the way the docs say.
 
-Entry points: rewrite.get_backend, rewrite.CompilerConfig (every default in the README's Config
+Entry points: rewrite.get_backend, rewrite.CompilerConfig (every default in docs/config.md's Config
 table), rewrite.explain, rewrite.dynamo_export, rewrite.load, rewrite.inference.set_dim_gears,
 rewrite.inference.cache_compile, every `python -m rewrite` subcommand (`CLI_TESTS`, checked against
 the parser's list), and every name of `rewrite.compat.torchair` (`COMPAT_TESTS`, checked against
@@ -26,7 +26,7 @@ import rewrite
 from rewrite.cache import counters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+CONFIG_DOC = os.path.join(ROOT, "docs", "config.md")  # the README links it
 
 
 def mlp():
@@ -64,7 +64,7 @@ def _cli(args: list[str], cwd, timeout: int = 300, env: dict | None = None) -> s
                           text=True, timeout=timeout)
 
 
-# -- CompilerConfig: every default the README's Config table states --------------------------------
+# -- CompilerConfig: every default the Config table (docs/config.md) states --------------------------
 
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
@@ -77,10 +77,11 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def _readme_config_defaults() -> dict:
-    """{dotted field: default} from the README's Config table (`a` / `.b` and `x` / `_y` name siblings)."""
-    text = open(README, encoding="utf-8").read().split("\n## Config\n", 1)[1].split("\n## ", 1)[0]
+    """{dotted field: default} from docs/config.md's table (`a` / `.b` and `x` / `_y` name siblings)."""
+    text = open(CONFIG_DOC, encoding="utf-8").read()
+    text = text.split("\n| field | default | values |\n", 1)[1].split("\n\n", 1)[0]
     table = [line for line in text.splitlines() if line.startswith("| `")]
-    assert table, "README has no Config table"
+    assert table, "docs/config.md has no Config table"
     out = {}
     for row in table:
         fields_cell, default_cell = [c.strip() for c in row.strip("|").split("|")][:2]
@@ -107,7 +108,7 @@ def test_compiler_config_defaults_are_the_readme_table():
     actual = _flatten(rewrite.CompilerConfig().as_dict())
     documented = _readme_config_defaults()
     assert set(documented) == set(actual), (
-        f"README Config table lacks {sorted(set(actual) - set(documented))}, "
+        f"docs/config.md Config table lacks {sorted(set(actual) - set(documented))}, "
         f"names fields that do not exist: {sorted(set(documented) - set(actual))}")
     for name, value in documented.items():
         assert actual[name] == value and type(actual[name]) in (type(value), float), (name, actual[name], value)
@@ -211,7 +212,7 @@ def test_dynamo_export_defaults_write_export_file_and_load_runs_it(cwd):
         torch.testing.assert_close(got, model(x))
         with pytest.raises(rewrite.ExportError, match="expects dtype"):  # the top-level name of load's errors
             runner(x.double())
-    # The README: the files run in a fresh process without Dynamo or the model's code.
+    # docs/export.md: the files run in a fresh process without Dynamo or the model's code.
     torch.save(x, cwd / "x.pt")
     torch.save(model(x).detach(), cwd / "want.pt")
     out = _python('''
@@ -264,7 +265,7 @@ def test_cache_compile_defaults_write_rewrite_cache_and_a_fresh_process_hits(cwd
     second = json.loads(_python(CACHE_SCRIPT, cwd).stdout.strip().splitlines()[-1])
     assert second["equal"] == [True, True, True]
     assert second["counters"] == {"hits": 1}  # no miss, no trace, no write
-    assert second["dynamo"] is False  # README: a later process skips Dynamo too
+    assert second["dynamo"] is False  # docs/cache.md: a later process skips Dynamo too
 
 
 class Geared(torch.nn.Module):

@@ -2,6 +2,7 @@
 the DSL's overload trap, reports that say what they count, optional extras named."""
 from __future__ import annotations
 
+import glob
 import importlib
 import os
 import re
@@ -18,6 +19,7 @@ from rewrite.dsl import RuleError, aten, rule, variables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+MANUALS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))  # what the README links for everything else
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
@@ -89,8 +91,9 @@ def test_explain_of_a_model_compiled_by_another_backend_asks_for_config():
 
 # ---- 3. names the README uses ---------------------------------------------------------------------
 
-def readme_names() -> set[str]:
-    text = open(os.path.join(ROOT, "README.md")).read()
+def readme_names(paths=(os.path.join(ROOT, "README.md"),)) -> set[str]:
+    text = "\n".join(open(path).read() for path in paths)
+    text = re.sub(r'"rewrite\.[\w.]*"', "", text)  # a string value such as a file's "rewrite.export.manifest" tag
     return set(re.findall(r"\brewrite\.([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", text))
 
 
@@ -98,7 +101,7 @@ def test_every_rewrite_name_the_readme_uses_resolves():
     names = readme_names()
     assert {"GearError", "get_backend", "explain", "testing.check_fx_pass", "inference.set_dim_gears"} <= names
     unresolved = []
-    for dotted in sorted(names):
+    for dotted in sorted(names | readme_names(MANUALS)):  # the manuals' names too
         obj, parts = rewrite, dotted.split(".")
         for i, part in enumerate(parts):
             if part in ("py", "md", "toml") or isinstance(obj, (str, int)):
@@ -111,7 +114,7 @@ def test_every_rewrite_name_the_readme_uses_resolves():
                 except ImportError:
                     unresolved.append(dotted)
                     break
-    assert not unresolved, f"README names that do not resolve: {unresolved}"
+    assert not unresolved, f"README (or docs/) names that do not resolve: {unresolved}"
     assert issubclass(rewrite.GearError, ValueError) and rewrite.GearError is rewrite.gears.GearError
 
 
@@ -121,6 +124,16 @@ def test_readme_points_at_files_in_the_repository():
     for path in re.findall(r"\]\(((?:docs|benchmarks)/[^)#]+)", text) + ["docs/design.md"]:
         assert os.path.exists(os.path.join(ROOT, path)), path
     assert "seed 002" not in text or "docs/design.md" in text
+    for doc in [os.path.join(ROOT, "README.md")] + MANUALS:  # every relative link, and the heading it names
+        text = open(doc).read()
+        assert "../shared" not in text, doc
+        for path, anchor in re.findall(r"\]\(([^)#:\s]+)(?:#([^)]+))?\)", text):
+            target = os.path.join(os.path.dirname(doc), path)
+            assert os.path.exists(target), (doc, path)
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", open(target).read(), re.M)
+                slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+                assert anchor in slugs, (doc, path, anchor)
 
 
 def test_npugraph_ex_backend_name_works_after_import_rewrite_through_the_entry_point(tmp_path):

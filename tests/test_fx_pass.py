@@ -419,9 +419,9 @@ def test_load_pass_names_the_problem():
         load_pass("rewrite.testing.check_fx_pass")
 
 
-# -- the README example --------------------------------------------------------------------------
+# -- the docs/testing.md example -----------------------------------------------------------------
 
-def fold_mul_zero(gm):  # x * 0 -> zeros_like(x), as in the README
+def fold_mul_zero(gm):  # x * 0 -> zeros_like(x), as in docs/testing.md
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.mul.Tensor)):
         if node.args[1] == 0:
             with gm.graph.inserting_before(node):
@@ -429,7 +429,7 @@ def fold_mul_zero(gm):  # x * 0 -> zeros_like(x), as in the README
             gm.graph.erase_node(node)
 
 
-def fold_int_mul_zero(gm):  # only for integer products, in the product's dtype, as in the README
+def fold_int_mul_zero(gm):  # only for integer products, in the product's dtype, as in docs/testing.md
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.mul.Tensor)):
         dtype = node.meta["val"].dtype
         if node.args[1] == 0 and not dtype.is_floating_point:

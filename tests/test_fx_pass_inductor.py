@@ -2,7 +2,7 @@
 
 Inductor's joint-graph constant folding (``constant_fold_uniform_value``, run by every
 ``torch.compile`` with the default backend) has two unsound rewrites the checker finds on its
-own, each confirmed end to end through ``torch.compile`` (see the README):
+own, each confirmed end to end through ``torch.compile`` (see docs/testing.md):
 
 * ``x * 0`` with an integer literal 0 becomes ``full(0.0)`` for float ``x`` (the "peephole
   pattern" of ``UniformValueConstantFolder``): wrong for NaN, +-inf (NaN) and negatives (-0.0);

@@ -23,7 +23,7 @@ the block's own definitions replace them):
 
     model, m, model_or_fn   a 2-layer MLP (8 -> 16 -> 4, ReLU), eval mode
     x                       a float32 batch of 4 rows for it; example_args = (x,)
-    input_ids               int64 tokens, shape (8, 16) (the largest gear the README's gears block names)
+    input_ids               int64 tokens, shape (8, 16) (the largest gear the gears blocks name)
     a, b, w                 4x4 float32 tensors (the streams block)
     config                  rewrite.CompilerConfig() (what the "Use" block makes)
 
@@ -281,7 +281,7 @@ def test_markers_are_attached_and_known():
                     f"{path}:{n + 1}: a readme-test marker must be on the line directly before a fence"
     skipped = [b for b in all_blocks() if _skip_reason(b)]
     assert len(skipped) <= 3, [b.where for b in skipped]  # keep skips rare; each has a reason
-    assert len(SESSIONS) >= 9  # README: use, gears, streams, reduce-overhead, export, cache, rules x2, fx pass
+    assert len(SESSIONS) >= 9  # README: use, knobs; docs/: gears x2, streams, reduce-overhead, export, cache, rules x2, fx pass
 
 
 @pytest.mark.parametrize("session", SESSIONS, ids=[s.where for s in SESSIONS])
@@ -327,7 +327,7 @@ def _readme_functions(prefix: str) -> str:
 
 
 def _readme_ruleset_module() -> str:
-    """The README's Rules block as a module: its imports and definitions (not the lines that use `config`)."""
+    """The Rules block (docs/rules.md) as a module: its imports and definitions (not the lines that use `config`)."""
     (code,) = [c for c in _readme_python() if "RuleSet(" in c]
     tree = ast.parse(code)
     keep = [ast.get_source_segment(code, node) for node in tree.body
@@ -338,11 +338,13 @@ def _readme_ruleset_module() -> str:
 def cli_rules(tmp_path):
     out = _cli(["rules"], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    readme = open(DOCS[0], encoding="utf-8").read()
-    table = readme.split("**Rule families**")[1].split("\n\n")[1]
-    for family, sets in re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.M):
+    rules_doc = open(os.path.join(ROOT, "docs", "rules.md"), encoding="utf-8").read()
+    table = rules_doc.split("\n## Rule families\n")[1].split("\n\n")[1]
+    families = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.M)
+    assert families, "docs/rules.md: no Rule families table"
+    for family, sets in families:
         for name in re.findall(r"`(\w+)`", sets):
-            assert f"{family}.{name}" in out.stdout, f"{family}.{name} (README's Rule families) not in `rules`"
+            assert f"{family}.{name}" in out.stdout, f"{family}.{name} (docs/rules.md, Rule families) not in `rules`"
 
 
 def cli_check_rules(tmp_path):

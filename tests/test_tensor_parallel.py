@@ -605,7 +605,7 @@ def test_auto_streams_keeps_the_sharded_block_correct_and_its_collectives_on_the
                        if name.startswith(("all_reduce", "wait_tensor"))), built["streams"]
 
 
-# -- the example, exactly as the README shows it ----------------------------------------------------------------
+# -- the example, exactly as docs/tensor_parallel.md shows it ---------------------------------------------------
 
 def test_the_example_runs_under_torchrun(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO, PET_MASTER_PORT=_free_port())  # torchrun's --master-port, from the env

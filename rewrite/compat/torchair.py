@@ -3,7 +3,7 @@
     import rewrite.compat.torchair as torchair
 
 and its `.npu()` calls removed. Names map one to one (npu_stream_switch -> scope.stream_switch,
-ops.wait -> scope.wait, ...); the README's "Porting from TorchAir" lists every name and every
+ops.wait -> scope.wait, ...); docs/porting_from_torchair.md lists every name and every
 deliberate difference. Importing it also registers the backend name ``"npugraph_ex"``
 (reduce-overhead mode with npugraph_ex's ``options=`` names), as torch_npu does.
 """
@@ -106,7 +106,7 @@ inference = types.SimpleNamespace(set_dim_gears=_inference.set_dim_gears, cache_
 
 # npugraph_ex's options (torchair's _process_kwargs_options): option -> (rewrite config path or None when
 # rewrite needs no setting for it, allowed values). Options without a path are accepted for portability:
-# rewrite already behaves as they ask or the pass they switch does not exist here (see README).
+# rewrite already behaves as they ask or the pass they switch does not exist here (see docs/porting_from_torchair.md).
 _BOOL = (True, False)
 NPUGRAPH_EX_OPTIONS = {
     "capture_limit": ("debug.aclgraph.static_capture_size_limit", int),

@@ -7,7 +7,7 @@ term its row describes. Node order does not matter (references are unions, not l
 iteration loads the whole graph.
 
 Measured here: a 20,000-node chain loads in ~0.13 s this way against ~3 s for one ``set`` command
-per node (DESIGN.md's node table; each command costs 0.1-0.2 ms whatever its size). Nodes whose
+per node (docs/design.md's node table; each command costs 0.1-0.2 ms whatever its size). Nodes whose
 terms are equal get one reference (they would hash-cons to one e-class anyway); their number is
 reported as "cse".
 """

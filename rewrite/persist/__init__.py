@@ -1,6 +1,6 @@
 """rewrite's own files: the ground floor that export/, cache/ and kernels/ stand on.
 
-Everything rewrite writes and later reads back, and how (every file read may be hostile: DESIGN.md,
+Everything rewrite writes and later reads back, and how (every file read may be hostile: docs/design.md,
 "Safety"):
 
 * format.py: graphs as versioned JSON (docs/export_format.md); expr.py: the grammar of shape

@@ -301,7 +301,7 @@ def test_sym_pack():
 
 def test_frozen_parameter_option():
     """the frozen_parameter option (TorchAir: fixed addresses; rewrite: the weights' values are
-    folded in, so the compiled graph does not see later in-place updates of them; see README)."""
+    folded in, so the compiled graph does not see later in-place updates of them; see docs/porting_from_torchair.md)."""
     model = torch.nn.Linear(4, 4).eval()
     compiled = torch.compile(model, backend="npugraph_ex", options={"frozen_parameter": True})
     x = torch.randn(2, 4)
@@ -356,6 +356,6 @@ def test_disable_remove_noop_ops():
 def test_enable_remove_noop_ops_clone_skipped():
     """mirrors torchair_fx_pattern_st.py::test_enable_remove_noop_ops_clone_skipped: a clone that is
     the output stays (the caller must not get its input back). (test_enable_remove_noop_ops_clone and
-    _clone_inplace are not ported: rewrite keeps a clone of an input on purpose, see README.)"""
+    _clone_inplace are not ported: rewrite keeps a clone of an input on purpose, see docs/porting_from_torchair.md.)"""
     ops = _compiled_ops(lambda x: x.clone(), torch.randn(2, 2), dynamic=True)
     assert ops.get("aten.clone.default") == 1
