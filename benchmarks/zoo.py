@@ -485,7 +485,7 @@ def _warm_compilers() -> None:
 def cold_rows(archs, batches, repeat: int) -> list[dict]:
     """The rows, each architecture and batch in a fresh process of this script (``--worker-out``) with its
     own temporary and cache folders; rewrite's calibration is measured here once and copied to each."""
-    from rewrite import calibration
+    from rewrite.cost import calibration
 
     root = tempfile.mkdtemp(prefix="zoo-bench-")
     seed = os.path.join(root, "calibration")

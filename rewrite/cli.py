@@ -55,7 +55,7 @@ def _check_pass(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from . import calibration
+    from .cost import calibration
 
     if args.show:
         print(calibration.current().describe())

@@ -178,13 +178,13 @@ def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Grap
 
 
 def _kernel_times():
-    from .calibration import current
+    from .cost.calibration import current
 
     return current().kernel_times
 
 
 def _save_kernel_times() -> None:
-    """Keep the kernels this optimization measured at its shapes for the next process (rewrite.kernel_times)."""
+    """Keep the kernels this optimization measured at its shapes for the next process (rewrite.cost.kernel_times)."""
     times = _kernel_times()
     if times is not None:
         times.save()

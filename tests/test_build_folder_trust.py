@@ -19,7 +19,7 @@ import torch
 
 import rewrite
 import rewrite.kernels as kernels_module
-from rewrite import calibration
+from rewrite.cost import calibration
 from rewrite.kernels import UntrustedBuildDir, store
 from test_static_kernels import OUTPUTS, Block, _artifacts, _compile, _config
 

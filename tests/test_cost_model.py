@@ -13,9 +13,10 @@ import sympy
 import torch
 
 import rewrite
-from rewrite import calibration, cost, models
-from rewrite.calibration import DEFAULT, CalibrationError, Rate
+from rewrite import cost, models
 from rewrite.config import CompilerConfig, ConfigError
+from rewrite.cost import calibration
+from rewrite.cost.calibration import DEFAULT, CalibrationError, Rate
 from rewrite.ir import Graph, TensorMeta
 from rewrite.optimizer import optimize
 from rewrite.report import GraphReport

@@ -1,4 +1,4 @@
-"""Kernels measured at a graph's own shapes (rewrite.kernel_times): what is measured, that extraction
+"""Kernels measured at a graph's own shapes (rewrite.cost.kernel_times): what is measured, that extraction
 follows the measured figures (the rules-off form where it is faster), the file read as hostile input,
 and the rules-on/off invariant on small models."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ import sympy
 import torch
 
 import rewrite
-from rewrite import calibration, models
+from rewrite import models
 from rewrite.config import CompilerConfig
-from rewrite.cost import graph_cost, op_cost
+from rewrite.cost import calibration, graph_cost, op_cost
+from rewrite.cost.kernel_times import KernelTimes, signature
 from rewrite.ir import TensorMeta
-from rewrite.kernel_times import KernelTimes, signature
 
 aten = torch.ops.aten
 FIXED = calibration.DEFAULT

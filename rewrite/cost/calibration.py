@@ -37,11 +37,11 @@ import time
 
 import torch
 
-from . import ops
-from .persist.atomic import atomic_write_text
-from .persist.folders import user_cache_dir
-from .persist.reading import read_regular
-from .utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
+from .. import ops
+from ..persist.atomic import atomic_write_text
+from ..persist.folders import user_cache_dir
+from ..persist.reading import read_regular
+from ..utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
 
 log = logging.getLogger("rewrite")
 
@@ -79,7 +79,7 @@ class Calibration:
     parallel: float = 1.0             # speed-up of a large kernel on ``threads`` threads over one
     source: str = "default"           # "default", "measured", or the cache file it came from
     # The process's calibration measures GEMM and attention kernels at a graph's own static shapes
-    # (`rewrite.kernel_times`); None (the default, and any calibration a caller builds): the rates alone.
+    # (`rewrite.cost.kernel_times`); None (the default, and any calibration a caller builds): the rates alone.
     kernel_times: object = None
 
     def as_json(self) -> dict:
@@ -386,7 +386,7 @@ def current() -> Calibration:
 
 
 def _with_kernel_times(cal: Calibration) -> Calibration:
-    """``cal`` with this machine's measured kernel times (`rewrite.kernel_times`), unless
+    """``cal`` with this machine's measured kernel times (`rewrite.cost.kernel_times`), unless
     ``REWRITE_KERNEL_TIMES=0`` asks for the rates alone."""
     if os.environ.get(KERNEL_TIMES_ENV) == "0":
         return cal

@@ -1,6 +1,6 @@
 """The compute kernels' seconds at the exact shapes of a graph, measured on this machine.
 
-`rewrite.calibration` fits one rate per op family on a few sizes. That is close enough to order
+`rewrite.cost.calibration` fits one rate per op family on a few sizes. That is close enough to order
 most choices, but the forms the speed rules produce (a merged QKV GEMM and its split, oneDNN's
 fused linear, an attention kernel) win or lose against the rules-off form by a few percent at the
 graph's own shapes, where a fitted rate can be off by more (issue 28: rules on vs off measured
@@ -35,12 +35,12 @@ import time
 
 import torch
 
-from . import ops
-from .cost import nbytes, pointwise_pass
-from .ir import TensorMeta
-from .persist.atomic import atomic_write_text
-from .persist.folders import user_cache_dir
-from .persist.reading import read_regular
+from .. import ops
+from ..ir import TensorMeta
+from ..persist.atomic import atomic_write_text
+from ..persist.folders import user_cache_dir
+from ..persist.reading import read_regular
+from .model import nbytes, pointwise_pass
 
 log = logging.getLogger("rewrite")
 

@@ -8,7 +8,7 @@ cheaper graph" check, by ``exec.auto_streams`` (which branches are worth a strea
 
 where the family (`FAMILIES`, declared in `rewrite.ops`: gemm, fused linear, packed linear, attention, convolution,
 normalization, copy, pointwise) says what ``work`` is (flops, or bytes) and the rates are
-*measured* on this machine by `rewrite.calibration` (a micro-benchmark of a second or two, cached
+*measured* on this machine by `rewrite.cost.calibration` (a micro-benchmark of a second or two, cached
 per machine, torch version and thread count; ``python -m rewrite calibrate`` re-runs it); rates are
 for one thread, and the speed-up on the process's threads (measured on a large GEMM) applies as
 a kernel's work grows past `PARALLEL_GRAIN_S`. Views and
@@ -27,8 +27,8 @@ import operator
 import sympy
 import torch
 
-from . import ops
-from .ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas
+from .. import ops
+from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas
 
 __all__ = ["op_cost", "node_cost", "graph_cost", "numel", "nbytes", "flops", "moves_no_data", "family_of",
            "folds_at_compile_time", "foldable_target", "is_weight", "dispatch_overhead", "single_thread_cost",
@@ -132,7 +132,7 @@ def _op_cost_cached(target, out_meta, in_metas: tuple, cal) -> float:
 
 
 def _op_cost(target, out_meta, in_metas: list, cal) -> float:
-    if cal.kernel_times is not None:  # GEMMs and attention at static shapes: measured (rewrite.kernel_times)
+    if cal.kernel_times is not None:  # GEMMs and attention at static shapes: measured (rewrite.cost.kernel_times)
         measured = cal.kernel_times.seconds(target, out_meta, in_metas)
         if measured is not None:
             return measured
