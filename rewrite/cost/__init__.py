@@ -1,11 +1,12 @@
 """The cost model: what an op, or a graph, takes on this machine (``rewrite.cost``).
 
-model.py prices ops and graphs; calibration.py measures the rates it prices them with;
+model.py prices ops and graphs, counting sizes as sizes.py does; calibration.py measures the rates it prices them with;
 kernel_times.py measures GEMM and attention kernels at a graph's own static shapes.
 """
-from .model import (FAMILIES, FOLD_SIZE_LIMIT, SIZE_S, SYMBOL_SIZE, call_inputs, dispatch_overhead, family_of, flops,
-                    foldable_target, folds_at_compile_time, graph_cost, is_weight, moves_no_data, nbytes, node_cost,
-                    numel, op_cost, pointwise_pass, single_thread_cost)
+from .model import (FAMILIES, FOLD_SIZE_LIMIT, SIZE_S, call_inputs, dispatch_overhead, family_of, flops, foldable_target,
+                    folds_at_compile_time, graph_cost, is_weight, moves_no_data, node_cost, op_cost, pointwise_pass,
+                    single_thread_cost)
+from .sizes import SYMBOL_SIZE, nbytes, numel
 
 __all__ = ["op_cost", "node_cost", "graph_cost", "numel", "nbytes", "flops", "moves_no_data", "family_of", "call_inputs",
            "folds_at_compile_time", "foldable_target", "is_weight", "dispatch_overhead", "single_thread_cost",

@@ -42,6 +42,7 @@ from ..persist.atomic import atomic_write_text
 from ..persist.folders import user_cache_dir
 from ..persist.reading import read_regular
 from ..utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
+from .kernel_times import KernelTimes
 
 log = logging.getLogger("rewrite")
 
@@ -390,8 +391,6 @@ def _with_kernel_times(cal: Calibration) -> Calibration:
     ``REWRITE_KERNEL_TIMES=0`` asks for the rates alone."""
     if os.environ.get(KERNEL_TIMES_ENV) == "0":
         return cal
-    from .kernel_times import KernelTimes
-
     return dataclasses.replace(cal, kernel_times=KernelTimes.for_this_machine(cache_key()))
 
 

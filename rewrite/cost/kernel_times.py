@@ -15,8 +15,8 @@ Convolutions are measured for one choice only, their image's layout (`convolutio
 What is measured: `MEASURED` (GEMMs, fused linears, attention), on the CPU, float dtypes, inputs
 of at most `MAX_BYTES`; anything else, symbolic sizes, or a call whose tensors cannot be told
 apart from its metas alone (``mm(x, x)``) is left to the family model (`seconds` returns None).
-A fused linear is measured without its post-op (which operands alone do not name) and is charged
-the post-op's pass over its output at the pointwise rate, without a dispatch.
+A fused linear is measured without its post-op (which operands alone do not name): the model
+charges the post-op's pass over its output (`WITHOUT_POST_OP`).
 
 Each kernel is measured once per machine: figures go to a JSON file beside the cost model's (same
 key: CPU, cores, torch version, threads) and are read back as hostile input (a regular file of this
@@ -40,11 +40,11 @@ from ..ir import TensorMeta
 from ..persist.atomic import atomic_write_text
 from ..persist.folders import user_cache_dir
 from ..persist.reading import read_regular
-from .model import nbytes, pointwise_pass
+from .sizes import nbytes
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["KernelTimes", "MEASURED", "CONVOLUTION_PARAMS", "BUDGET_S", "MAX_BYTES", "signature",
+__all__ = ["KernelTimes", "MEASURED", "WITHOUT_POST_OP", "CONVOLUTION_PARAMS", "BUDGET_S", "MAX_BYTES", "signature",
            "convolution_signature"]
 
 BUDGET_S = 10.0             # a process's measuring time in all (the first compiles on a machine pay it)
@@ -79,6 +79,8 @@ _CALLS = {
     **{t: (_attention, (3, 4)) for t in (aten.scaled_dot_product_attention.default, _FLASH_CPU)},
 }
 MEASURED = frozenset(_CALLS)
+# measured without the post-op they fuse: `seconds` is the kernel's alone
+WITHOUT_POST_OP = frozenset(t for t in (_LINEAR_POINTWISE,) if t is not None)
 # aten.convolution's arguments after its tensors, as `convolution_seconds` takes them
 CONVOLUTION_PARAMS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
 
@@ -142,12 +144,7 @@ class KernelTimes:
         fn, counts = _CALLS[target]
         if len(in_metas) not in counts or nbytes(in_metas) + nbytes(out_meta) > MAX_BYTES:
             return None
-        t = self._known_or_measured(key, fn, in_metas)
-        if t is None:
-            return None
-        if target is _LINEAR_POINTWISE:  # the post-op's pass over the output, fused: no dispatch of its own
-            t += pointwise_pass(out_meta)
-        return t
+        return self._known_or_measured(key, fn, in_metas)
 
     def convolution_seconds(self, in_metas: list, params: tuple, channels_last: bool) -> float | None:
         """Measured seconds of one ``aten.convolution`` of a 2-d image on tensors of ``in_metas`` (input,
