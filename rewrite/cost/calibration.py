@@ -9,9 +9,9 @@ them in a JSON file, so only the first compile on a machine pays for it. ``pytho
 calibrate`` measures again.
 
 Rates are measured on one thread: a kernel on one thread is timed the same whatever else the
-machine runs (only preemption adds time, and the fastest of many short batches is free of it),
-whereas a thread pool on a busy machine waits for its slowest thread, whole scheduler quanta at a
-time. The multi-thread speed-up is measured once, on a large GEMM, and clamped to [1, threads].
+machine runs (only preemption adds time, and the fastest of many short batches is free of it:
+`rewrite.cost.timing`), whereas a thread pool on a busy machine waits for its slowest thread, whole
+scheduler quanta at a time. The multi-thread speed-up is measured once, on a large GEMM, and clamped to [1, threads].
 
 The cache file is keyed by what changes the figures (CPU model, core count, torch version,
 intra-op threads, this file's format): a key that differs means stale, and the figures are
@@ -43,6 +43,7 @@ from ..persist.folders import user_cache_dir
 from ..persist.reading import read_regular
 from ..utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
 from .kernel_times import KernelTimes
+from .timing import fastest
 
 log = logging.getLogger("rewrite")
 
@@ -110,32 +111,6 @@ DEFAULT = Calibration(
 
 # -- measuring ------------------------------------------------------------------------------------
 
-def _best_of(fns: list, budget: float, rounds: int = 25) -> list[float]:
-    """Seconds per call of each of ``fns`` (about ``budget`` seconds each): the fastest of up to
-    ``rounds`` short batches, the functions taking turns. On a shared machine other work only
-    ever adds time (a thread pool waiting for a busy core can take ten times as long), and a
-    burst of it hits a few batches of every function, not all batches of one: the fastest batch
-    is the closest to the kernel's own time."""
-    plan = []
-    for fn in fns:
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        one = max(time.perf_counter() - t0, 1e-7)
-        turns = max(3, min(rounds, int(budget / one)))
-        plan.append((fn, max(1, int(budget / turns / one)), turns))
-    best = [math.inf] * len(fns)
-    for turn in range(rounds):
-        for i, (fn, n, turns) in enumerate(plan):
-            if turn >= turns:
-                continue
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best[i] = min(best[i], (time.perf_counter() - t0) / n)
-    return best
-
-
 def _fit(points: list[tuple[float, float]], floor: float) -> Rate:
     """``seconds = overhead + work / rate`` through (work, seconds) points, by least squares on the
     relative error (so the small calls, where the overhead shows, count as much as the big ones)."""
@@ -145,11 +120,11 @@ def _fit(points: list[tuple[float, float]], floor: float) -> Rate:
     mt = sum(q * t for q, (_, t) in zip(weights, points)) / sw
     var = sum(q * (w - mw) ** 2 for q, (w, _) in zip(weights, points))
     slope = sum(q * (w - mw) * (t - mt) for q, (w, t) in zip(weights, points)) / var if var else 0.0
-    fastest = min(t for _, t in points)
+    fastest_t = min(t for _, t in points)
     if slope <= 0:  # noise swamped the trend: the largest call alone
         w, t = max(points)
-        return Rate(max(min(floor, fastest), 1e-9), w / max(t - min(floor, t / 2), 1e-9))
-    return Rate(min(max(mt - slope * mw, floor), fastest), 1.0 / slope)
+        return Rate(max(min(floor, fastest_t), 1e-9), w / max(t - min(floor, t / 2), 1e-9))
+    return Rate(min(max(mt - slope * mw, floor), fastest_t), 1.0 / slope)
 
 
 def _family_points(quick: bool):
@@ -217,7 +192,7 @@ def measure(quick: bool = False) -> Calibration:
 
 def _measure(quick: bool) -> Calibration:
     budget = 0.002 if quick else 0.03
-    rounds = 5 if quick else 25
+    batches = 5 if quick else 25
     aten = torch.ops.aten
     threads = torch.get_num_threads()
     with torch.no_grad(), torch._subclasses.fake_tensor.unset_fake_temporarily():
@@ -237,10 +212,10 @@ def _measure(quick: bool) -> Calibration:
         fns += [fn for family in points.values() for _, fn in family] + list(by_dtype.values())
         try:
             set_this_thread_intra_op_threads(1)
-            times = iter(_best_of(fns + [big], budget, rounds))
+            times = iter(fastest(fns + [big], budget, batches))
         finally:
             set_this_thread_intra_op_threads(threads)
-        big_parallel = _best_of([big], budget, rounds)[0] if threads > 1 else None
+        big_parallel = fastest([big], budget, batches)[0] if threads > 1 else None
         dispatch, view = next(times), next(times)
         families = {family: _fit([(work, next(times)) for work, _ in family_points], floor=dispatch)
                     for family, family_points in points.items()}

@@ -6,8 +6,8 @@ fused linear, an attention kernel) win or lose against the rules-off form by a f
 graph's own shapes, where a fitted rate can be off by more (issue 28: rules on vs off measured
 0.93x where the model predicted 1.16x). So where the shapes are static and the kernel's inputs
 are all tensors, the cost model asks this module: the kernel is run on random tensors of those
-shapes, on the process's threads, and the fastest of a few short batches is its cost; extraction
-then compares the merged and the separate forms by what they take here.
+shapes, on the process's threads, and timed by `rewrite.cost.timing` (the fastest of a few short
+batches); extraction then compares the merged and the separate forms by what they take here.
 
 Convolutions are measured for one choice only, their image's layout (`convolution_seconds`, used by
 `rewrite.passes.channels_last`): the same call with a contiguous and with a channels-last input.
@@ -25,6 +25,7 @@ ignored). A process measures for at most `BUDGET_S` seconds in all; after that t
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -41,6 +42,7 @@ from ..persist.atomic import atomic_write_text
 from ..persist.folders import user_cache_dir
 from ..persist.reading import read_regular
 from .sizes import nbytes
+from .timing import fastest
 
 log = logging.getLogger("rewrite")
 
@@ -53,7 +55,7 @@ MAX_ENTRIES = 8192          # kept in the file
 MAX_FILE_BYTES = 2 << 20
 _SECONDS = (1e-8, 10.0)     # a plausible kernel time
 _BATCH_S = 0.5e-3           # one timed batch at least this long (short kernels: several calls)
-_BATCHES = 5
+_BATCHES = 5                # of them (at least timing.MIN_BATCHES, however slow the kernel)
 FORMAT = 1
 
 aten = torch.ops.aten
@@ -182,17 +184,7 @@ class KernelTimes:
                         else torch.randn([int(s) for s in m.shape], generator=gen, dtype=m.dtype) for m in in_metas]
                 if prepare is not None:
                     args = prepare(args)
-                fn(*args)  # warm-up: first-call allocations, oneDNN primitive creation
-                t0 = time.perf_counter()
-                fn(*args)
-                one = max(time.perf_counter() - t0, 1e-7)
-                calls = max(1, int(_BATCH_S / one))
-                best = one
-                for _ in range(_BATCHES if one < 0.01 else 2):
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        fn(*args)
-                    best = min(best, (time.perf_counter() - t0) / calls)
+                best = fastest([functools.partial(fn, *args)], _BATCH_S * _BATCHES, _BATCHES)[0]
         except Exception as e:  # noqa: BLE001 - a kernel that refuses random inputs is priced by the model
             log.debug("kernel times: %s not measured (%s: %s)", key, type(e).__name__, e)
             return None
