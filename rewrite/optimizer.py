@@ -24,7 +24,7 @@ from typing import Callable
 
 from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
-from .cost import graph_cost
+from .cost import SYMBOL_SIZE, current, graph_cost
 from .egraph import Limits, run_egraph
 from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
@@ -149,8 +149,6 @@ def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Grap
         rulesets = [rs for rs in rulesets if rs.name != "fused.linear"]
     report.predicted_cost = (graph_cost(graph), None)
     if graph.symbols:  # the cost model prices a symbolic size as a stand-in value: the report says so
-        from .cost import SYMBOL_SIZE
-
         report.symbolic_size_stand_in = SYMBOL_SIZE
     original, graph = graph, graph.copy()
     _optimize_subgraphs(graph, config, report)
@@ -178,8 +176,6 @@ def _optimize(graph: Graph, config: CompilerConfig, report: GraphReport) -> Grap
 
 
 def _kernel_times():
-    from .cost.calibration import current
-
     return current().kernel_times
 
 

@@ -1,112 +1,44 @@
-"""The cost model's rates, measured on this machine: a short micro-benchmark, cached per machine.
+"""The cost model's rates, measured on this machine: a short micro-benchmark, kept per machine.
 
-`rewrite.cost` predicts an op's seconds as ``overhead + max(work / rate, bytes / memory rate)`` per
+`rewrite.cost.model` predicts an op's seconds as ``overhead + max(work / rate, bytes / memory rate)`` per
 op family, sped up on several threads for large kernels; this module measures those numbers
 (about a second: a kernel dispatch, pointwise and copy bandwidth, layer norm, GEMMs at a few
 sizes, the fused and packed linear kernels where this ATen build has them, attention, convolution,
 GEMM speed per float dtype, and the speed-up of a large GEMM on the process's threads) and keeps
-them in a JSON file, so only the first compile on a machine pays for it. ``python -m rewrite
-calibrate`` measures again.
+them in the per-machine figures file (`rewrite.cost.machine`), so only the first compile on a machine
+pays for it. ``python -m rewrite calibrate`` measures again.
 
 Rates are measured on one thread: a kernel on one thread is timed the same whatever else the
 machine runs (only preemption adds time, and the fastest of many short batches is free of it:
 `rewrite.cost.timing`), whereas a thread pool on a busy machine waits for its slowest thread, whole
-scheduler quanta at a time. The multi-thread speed-up is measured once, on a large GEMM, and clamped to [1, threads].
+scheduler quanta at a time. The multi-thread speed-up is measured once, on a large GEMM, and clamped
+to [1, threads].
 
-The cache file is keyed by what changes the figures (CPU model, core count, torch version,
-intra-op threads, this file's format): a key that differs means stale, and the figures are
-measured again and the file replaced. The file is read as hostile input: a regular file (no
-symlink, no FIFO: opened with O_NONBLOCK, so nothing planted there can block a compile) of this
-user's, mode 0600, at most ``MAX_FILE_BYTES``, JSON with exactly the expected fields, every number finite and within
-physical bounds; anything else is damage, logged, measured again and replaced (atomically).
-Folder: the per-user cache folder (`rewrite.persist.folders`: ``$REWRITE_CACHE_DIR``, else
-``$XDG_CACHE_HOME/rewrite``, else ``~/.cache/rewrite``); read by `rewrite.persist.reading`.
+The process's calibration (`current`) is the one process cache of the cost model's figures: the
+rates, and the kernel times measured at graphs' shapes (`rewrite.cost.kernel_times`), both read from
+the figures file once, or measured and saved. A damaged, stale or old file is logged and measured again.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
-import math
 import os
-import platform
 import threading
-import time
 
 import torch
 
-from .. import ops
-from ..persist.atomic import atomic_write_text
-from ..persist.folders import user_cache_dir
-from ..persist.reading import read_regular
 from ..utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
 from .kernel_times import KernelTimes
+from .machine import SPEED, FiguresError, cache_path, read, update
+from .rates import COMPUTE_FAMILIES, DEFAULT, FAMILIES, Calibration, Rate
 from .timing import fastest
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["Rate", "Calibration", "CalibrationError", "DEFAULT", "current", "use", "calibrate", "measure",
-           "load", "save", "cache_path", "cache_key"]
+__all__ = ["current", "use", "calibrate", "measure", "load", "KERNEL_TIMES_ENV"]
 
-FORMAT = 2
-MAX_FILE_BYTES = 64 * 1024
-FAMILIES = ops.COST_FAMILIES  # what rewrite.cost prices, declared once in rewrite.ops
-COMPUTE_FAMILIES = tuple(ops.COMPUTE_FAMILIES)  # rates in flops/s; the others in bytes/s
-DTYPES = ("float32", "float64", "bfloat16", "float16")
-_SECONDS = (1e-9, 0.1)     # bounds of a plausible overhead
-_RATE = (1e3, 1e16)        # bounds of a plausible flops/s or bytes/s
-_SPEED = (1e-3, 1e3)       # bounds of a dtype's speed relative to float32
 KERNEL_TIMES_ENV = "REWRITE_KERNEL_TIMES"  # "0": no kernel measured at a graph's shapes, the rates alone
-
-
-class CalibrationError(ValueError):
-    """A cache file is damaged or stale; the message names the file and the field."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Rate:
-    overhead_s: float  # seconds of a call that does no work
-    rate: float        # flops/s (compute families) or bytes/s (the others)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: cost caches key on it
-class Calibration:
-    dispatch_s: float                 # calling one ATen kernel from generated code
-    view_s: float                     # a view op (no data moved)
-    families: dict                    # family name -> Rate
-    dtype_speed: dict                 # dtype name -> compute speed relative to float32
-    threads: int                      # intra-op threads the process runs with
-    parallel: float = 1.0             # speed-up of a large kernel on ``threads`` threads over one
-    source: str = "default"           # "default", "measured", or the cache file it came from
-    # The process's calibration measures GEMM and attention kernels at a graph's own static shapes
-    # (`rewrite.cost.kernel_times`); None (the default, and any calibration a caller builds): the rates alone.
-    kernel_times: object = None
-
-    def as_json(self) -> dict:
-        return {"dispatch_s": self.dispatch_s, "view_s": self.view_s,
-                "families": {f: dataclasses.asdict(r) for f, r in self.families.items()},
-                "dtype_speed": dict(self.dtype_speed), "threads": self.threads, "parallel": self.parallel}
-
-    def describe(self) -> str:
-        lines = [f"cost model ({self.source}): one thread; large kernels {self.parallel:.2f}x faster on "
-                 f"{self.threads} threads; dispatch {self.dispatch_s * 1e6:.2f} us, view {self.view_s * 1e6:.2f} us"]
-        for f, r in self.families.items():
-            unit = "GFLOP/s" if f in COMPUTE_FAMILIES else "GB/s"
-            lines.append(f"  {f:<14} overhead {r.overhead_s * 1e6:7.2f} us   {r.rate / 1e9:8.2f} {unit}")
-        lines.append("  dtype speed (compute, vs float32): "
-                     + ", ".join(f"{d} {s:.2f}" for d, s in self.dtype_speed.items()))
-        return "\n".join(lines)
-
-
-# Used until (or when) nothing is measured: rough figures for one core of a laptop-class CPU.
-DEFAULT = Calibration(
-    dispatch_s=3e-6, view_s=1e-6,
-    families={"gemm": Rate(6e-6, 30e9), "fused_linear": Rate(10e-6, 25e9), "packed_linear": Rate(6e-6, 32e9),
-              "attention": Rate(10e-6, 10e9), "convolution": Rate(10e-6, 20e9),
-              "normalization": Rate(4e-6, 4e9), "copy": Rate(3e-6, 6e9), "pointwise": Rate(3e-6, 6e9)},
-    dtype_speed={"float32": 1.0, "float64": 0.5, "bfloat16": 0.5, "float16": 0.3}, threads=1)
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -223,113 +155,40 @@ def _measure(quick: bool) -> Calibration:
         big_single = next(times)
     for family in FAMILIES:  # kernels this build lacks: priced like what they replace
         families.setdefault(family, families["gemm"] if family in COMPUTE_FAMILIES else families["pointwise"])
-    speed = {d: min(max(dtype_times["float32"] / t, _SPEED[0]), _SPEED[1]) for d, t in dtype_times.items()}
+    speed = {d: min(max(dtype_times["float32"] / t, SPEED[0]), SPEED[1]) for d, t in dtype_times.items()}
     parallel = min(max(big_single / big_parallel, 1.0), float(threads)) if big_parallel else 1.0
     return Calibration(dispatch, view, families, speed, threads, parallel, "measured")
 
 
-# -- the cache file -------------------------------------------------------------------------------
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()[:200]
-    except OSError:
-        pass
-    return platform.processor()[:200] or "unknown"
-
-
-def cache_key() -> dict:
-    """What the figures depend on; a cache file with another key is stale."""
-    return {"format": FORMAT, "machine": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count() or 0,
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
-
-
-def cache_path(folder: str | None = None) -> str:
-    """The cache file for this machine, torch version and thread count."""
-    digest = hashlib.sha256(json.dumps(cache_key(), sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(folder or user_cache_dir(), f"cost-model-{digest}.json")
-
-
-def save(cal: Calibration, path: str) -> None:
-    """Write ``cal`` to ``path`` atomically: a temporary file (mode 0600) renamed over the name, so a
-    symlink or FIFO planted at ``path`` is replaced, never followed or opened; a missing folder is
-    made with mode 0700 (the per-user cache is this user's only)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    doc = {"format": FORMAT, "key": cache_key(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "calibration": cal.as_json()}
-    atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True))
-
-
-def _number(path: str, field: str, value, bounds) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not bounds[0] <= value <= bounds[1]:
-        raise CalibrationError(f"{path}: field {field} = {value!r} is not a number in [{bounds[0]}, {bounds[1]}]")
-    return float(value)
-
-
-def _object(path: str, field: str, value, keys) -> dict:
-    if not isinstance(value, dict) or set(value) != set(keys):
-        got = sorted(value) if isinstance(value, dict) else type(value).__name__
-        raise CalibrationError(f"{path}: field {field} must hold exactly {sorted(keys)}, got {got}")
-    return value
-
+# -- the figures file's rates ---------------------------------------------------------------------------
 
 def load(path: str) -> Calibration:
-    """The calibration in ``path``; raises CalibrationError naming the file and field when it is
-    damaged (unreadable, oversized, not a regular file, malformed) or stale (another key)."""
+    """The rates in the figures file at ``path``; raises FiguresError naming the file and field when it is
+    damaged, stale, of another format, or holds no rates yet (only kernel times)."""
+    cal = read(path).calibration
+    if cal is None:
+        raise FiguresError(f"{path}: field calibration is null (not measured yet)")
+    return cal
+
+
+def _save(cal: Calibration, path: str) -> Calibration | None:
+    """``cal`` written into the figures file at ``path`` (the file's kernel times kept), with the file as
+    its source; None when the folder is not writable (the figures are then used for this process only)."""
     try:
-        # Never blocks (a FIFO is refused, not opened for a writer that never comes), never follows a
-        # symlink, reads at most MAX_FILE_BYTES, and only this user's own file (`save` writes 0600).
-        raw = read_regular(path, max_size=MAX_FILE_BYTES, private=True)
-    except FileNotFoundError as e:
-        raise CalibrationError(f"{path}: cannot open ({e.strerror})") from None
-    except OSError as e:  # refused (`FileRefused`): a symlink, a special file, too large
-        raise CalibrationError(f"{path}: {e}") from None
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CalibrationError(f"{path}: not JSON ({e})") from None
-    doc = _object(path, "(top level)", doc, ("format", "key", "measured_at", "calibration"))
-    if doc["format"] != FORMAT:
-        raise CalibrationError(f"{path}: format {doc['format']!r} is not {FORMAT} (stale)")
-    if doc["key"] != cache_key():
-        key = doc["key"] if isinstance(doc["key"], dict) else {}
-        changed = sorted(k for k, v in cache_key().items() if key.get(k) != v) or ["key"]
-        raise CalibrationError(f"{path}: stale, measured for another {', '.join(changed)}")
-    body = _object(path, "calibration", doc["calibration"], ("dispatch_s", "view_s", "families", "dtype_speed",
-                                                            "threads", "parallel"))
-    families = {}
-    for name, rate in _object(path, "calibration.families", body["families"], FAMILIES).items():
-        rate = _object(path, f"calibration.families.{name}", rate, ("overhead_s", "rate"))
-        families[name] = Rate(_number(path, f"families.{name}.overhead_s", rate["overhead_s"], _SECONDS),
-                              _number(path, f"families.{name}.rate", rate["rate"], _RATE))
-    speeds = body["dtype_speed"]
-    if not isinstance(speeds, dict) or not set(speeds) <= set(DTYPES) or "float32" not in speeds:
-        raise CalibrationError(f"{path}: field calibration.dtype_speed must map some of {list(DTYPES)} "
-                               "(float32 included) to numbers")
-    speed = {d: _number(path, f"dtype_speed.{d}", s, _SPEED) for d, s in speeds.items()}
-    threads = body["threads"]
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads != doc["key"]["threads"]:
-        raise CalibrationError(f"{path}: field calibration.threads = {threads!r} does not match the key")
-    parallel = _number(path, "parallel", body["parallel"], (1.0, max(1.0, float(threads))))
-    return Calibration(_number(path, "dispatch_s", body["dispatch_s"], _SECONDS),
-                       _number(path, "view_s", body["view_s"], _SECONDS), families, speed, threads, parallel, path)
+        update(path, calibration=cal)
+        return dataclasses.replace(cal, source=path)
+    except OSError as e:
+        log.warning("cost model: cannot write %s (%s); the calibration is kept for this process only", path, e)
+        return None
 
 
 def calibrate(folder: str | None = None, quick: bool = False) -> tuple[Calibration, str | None]:
-    """Measure now and replace the cache file; returns the calibration and where it was saved
-    (None when the folder is not writable: the figures are then used for this process only)."""
+    """Measure now and replace the rates in the figures file; returns the calibration and where it was
+    saved (None when the folder is not writable: the figures are then used for this process only)."""
     cal = measure(quick=quick)
     path = cache_path(folder)
-    try:
-        save(cal, path)
-        cal = dataclasses.replace(cal, source=path)
-    except OSError as e:
-        log.warning("cost model: cannot write %s (%s); the calibration is kept for this process only", path, e)
-        path = None
+    saved = _save(cal, path)
+    cal, path = (saved, path) if saved is not None else (cal, None)
     with _lock:
         _process["cal"] = _with_kernel_times(cal)
     return cal, path
@@ -343,11 +202,11 @@ class _State(threading.local):
 
 _state = _State()
 _lock = threading.Lock()
-_process: dict = {}  # "cal" -> the calibration this process loaded or measured
+_process: dict = {}  # "cal" -> the calibration this process loaded or measured, with its kernel times
 
 
 def current() -> Calibration:
-    """This thread's `use` override, else the process's calibration: the cache file, or measured
+    """This thread's `use` override, else the process's calibration: the figures file, or measured
     now (once per machine, torch version and thread count) and saved."""
     if _state.override is not None:
         return _state.override
@@ -357,37 +216,39 @@ def current() -> Calibration:
     with _lock:
         cal = _process.get("cal")
         if cal is None or cal.threads != torch.get_num_threads():
-            cal = _process["cal"] = _with_kernel_times(_load_or_measure())
+            cal = _process["cal"] = _load_or_measure()
     return cal
 
 
-def _with_kernel_times(cal: Calibration) -> Calibration:
-    """``cal`` with this machine's measured kernel times (`rewrite.cost.kernel_times`), unless
-    ``REWRITE_KERNEL_TIMES=0`` asks for the rates alone."""
+def _with_kernel_times(cal: Calibration, times: dict | None = None) -> Calibration:
+    """``cal`` with this machine's measured kernel times (`rewrite.cost.kernel_times`: ``times`` as read
+    from the figures file, else read now), unless ``REWRITE_KERNEL_TIMES=0`` asks for the rates alone."""
     if os.environ.get(KERNEL_TIMES_ENV) == "0":
         return cal
-    return dataclasses.replace(cal, kernel_times=KernelTimes.for_this_machine(cache_key()))
+    return dataclasses.replace(cal, kernel_times=KernelTimes(cache_path(), times=times))
 
 
 def _load_or_measure() -> Calibration:
+    """The rates and kernel times of the figures file, read once; the rates measured and saved where the
+    file has none (missing, damaged, stale, old, or holding kernel times alone)."""
     path = cache_path()
+    times: dict = {}  # a missing or damaged file has none: not read again
     if os.path.lexists(path):
         try:
-            return load(path)
-        except CalibrationError as e:
+            figures = read(path)
+            times = figures.kernel_times
+            if figures.calibration is not None:
+                return _with_kernel_times(figures.calibration, times)
+            log.info("cost model: %s holds no rates yet", path)
+        except FiguresError as e:
             log.warning("cost model cache: %s; measuring again", e)
     log.info("cost model: calibrating on this machine (once per machine, torch version and thread count)")
     try:
         cal = measure()
     except Exception as e:  # noqa: BLE001 - a failed benchmark must not fail a compile
         log.warning("cost model: calibration failed (%s: %s); using the default figures", type(e).__name__, e)
-        return dataclasses.replace(DEFAULT, threads=torch.get_num_threads())
-    try:
-        save(cal, path)
-        return dataclasses.replace(cal, source=path)
-    except OSError as e:
-        log.warning("cost model: cannot write %s (%s); the calibration is kept for this process only", path, e)
-        return cal
+        return _with_kernel_times(dataclasses.replace(DEFAULT, threads=torch.get_num_threads()), times)
+    return _with_kernel_times(_save(cal, path) or cal, times)
 
 
 @contextlib.contextmanager

@@ -18,18 +18,15 @@ apart from its metas alone (``mm(x, x)``) is left to the family model (`seconds`
 A fused linear is measured without its post-op (which operands alone do not name): the model
 charges the post-op's pass over its output (`WITHOUT_POST_OP`).
 
-Each kernel is measured once per machine: figures go to a JSON file beside the cost model's (same
-key: CPU, cores, torch version, threads) and are read back as hostile input (a regular file of this
-user's, mode 0600, bounded, every entry a bounded finite number; anything else is logged and
-ignored). A process measures for at most `BUDGET_S` seconds in all; after that the model answers.
+Each kernel is measured once per machine: the figures are kept in the per-machine figures file
+beside the rates (`rewrite.cost.machine`, which reads it as hostile input: a damaged file is logged
+and measured again). A process measures for at most `BUDGET_S` seconds in all; after that the model
+answers.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
-import math
 import os
 import threading
 import time
@@ -38,9 +35,7 @@ import torch
 
 from .. import ops
 from ..ir import TensorMeta
-from ..persist.atomic import atomic_write_text
-from ..persist.folders import user_cache_dir
-from ..persist.reading import read_regular
+from . import machine
 from .sizes import nbytes
 from .timing import fastest
 
@@ -51,12 +46,8 @@ __all__ = ["KernelTimes", "MEASURED", "WITHOUT_POST_OP", "CONVOLUTION_PARAMS", "
 
 BUDGET_S = 10.0             # a process's measuring time in all (the first compiles on a machine pay it)
 MAX_BYTES = 256 << 20       # inputs and output of one measured call
-MAX_ENTRIES = 8192          # kept in the file
-MAX_FILE_BYTES = 2 << 20
-_SECONDS = (1e-8, 10.0)     # a plausible kernel time
 _BATCH_S = 0.5e-3           # one timed batch at least this long (short kernels: several calls)
 _BATCHES = 5                # of them (at least timing.MIN_BATCHES, however slow the kernel)
-FORMAT = 1
 
 aten = torch.ops.aten
 _FLASH_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -123,20 +114,18 @@ def _tensor_parts(in_metas: list) -> list[str] | None:
 
 
 class KernelTimes:
-    """Measured seconds per call signature; one per process (`for_this_machine`), thread-safe."""
+    """Measured seconds per call signature; one per process (the process's calibration holds it), thread-safe.
 
-    def __init__(self, path: str | None, budget_s: float = BUDGET_S):
+    ``path``: the figures file the times are read from and saved to (None: kept in memory only);
+    ``times``: the times already read from it (else read now)."""
+
+    def __init__(self, path: str | None, budget_s: float = BUDGET_S, times: dict | None = None):
         self.path = path
         self.budget_s = budget_s
         self.spent_s = 0.0
         self.lock = threading.Lock()
-        self.times: dict[str, float] = self._read() if path else {}
+        self.times: dict[str, float] = dict(times) if times is not None else self._read() if path else {}
         self.unsaved = 0
-
-    @classmethod
-    def for_this_machine(cls, key: dict) -> "KernelTimes":
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        return cls(os.path.join(user_cache_dir(), f"kernel-times-{digest}.json"))
 
     def seconds(self, target, out_meta, in_metas: list) -> float | None:
         """Measured seconds of ``target`` on tensors of ``in_metas`` (None: not measured here)."""
@@ -190,7 +179,7 @@ class KernelTimes:
             return None
         finally:
             self.spent_s += time.perf_counter() - start
-        best = min(max(best, _SECONDS[0]), _SECONDS[1])
+        best = min(max(best, machine.SECONDS[0]), machine.SECONDS[1])  # what the figures file accepts
         self.times[key] = best
         self.unsaved += 1
         return best
@@ -200,12 +189,8 @@ class KernelTimes:
         with self.lock:
             if not self.path or not self.unsaved:
                 return
-            merged = {**self._read(), **self.times}
-            if len(merged) > MAX_ENTRIES:
-                merged = dict(list(merged.items())[-MAX_ENTRIES:])
             try:
-                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-                atomic_write_text(self.path, json.dumps({"format": FORMAT, "times": merged}, sort_keys=True))
+                machine.update(self.path, kernel_times=self.times)
                 self.unsaved = 0
             except OSError as e:
                 log.info("kernel times: cannot write %s (%s); kept for this process", self.path, e)
@@ -214,24 +199,7 @@ class KernelTimes:
         if not os.path.lexists(self.path):
             return {}
         try:
-            raw = read_regular(self.path, max_size=MAX_FILE_BYTES, private=True)
-            doc = json.loads(raw.decode("utf-8"))
-            return _valid(doc)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            log.warning("kernel times: ignoring %s (%s); measuring again", self.path, e)
+            return machine.read(self.path).kernel_times
+        except machine.FiguresError as e:
+            log.warning("kernel times: ignoring %s; measuring again", e)
             return {}
-
-
-def _valid(doc) -> dict[str, float]:
-    """The ``times`` of a file's JSON, checked: exactly {format, times}, keys short strings, values in bounds."""
-    if not isinstance(doc, dict) or set(doc) != {"format", "times"} or doc["format"] != FORMAT:
-        raise ValueError(f"expected {{'format': {FORMAT}, 'times': {{...}}}}")
-    times = doc["times"]
-    if not isinstance(times, dict) or len(times) > MAX_ENTRIES:
-        raise ValueError(f"field times must be an object of at most {MAX_ENTRIES} entries")
-    for k, v in times.items():
-        if len(k) > 1000 or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or not _SECONDS[0] <= v <= _SECONDS[1]:
-            raise ValueError(f"entry {k[:80]!r}: {v!r} is not seconds in [{_SECONDS[0]}, {_SECONDS[1]}]")
-    return {k: float(v) for k, v in times.items()}
-

@@ -31,7 +31,7 @@ from .. import ops
 from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas
 from .calibration import current as _calibration
 from .kernel_times import WITHOUT_POST_OP
-from .sizes import SYMBOL_SIZE, concrete, nbytes, numel
+from .sizes import concrete, nbytes, numel
 
 __all__ = ["op_cost", "node_cost", "graph_cost", "flops", "moves_no_data", "family_of", "call_inputs",
            "folds_at_compile_time", "foldable_target", "is_weight", "dispatch_overhead", "single_thread_cost",

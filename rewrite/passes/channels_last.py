@@ -33,9 +33,8 @@ import torch
 
 from .. import ops
 from ..boundary import views_as_reshapes
-from ..cost import op_cost
+from ..cost import CONVOLUTION_PARAMS, op_cost
 from ..ir import Graph, Node, TensorMeta, map_nodes
-from ..cost.kernel_times import CONVOLUTION_PARAMS
 
 log = logging.getLogger("rewrite")
 
