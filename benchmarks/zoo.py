@@ -485,21 +485,21 @@ def _warm_compilers() -> None:
 def cold_rows(archs, batches, repeat: int) -> list[dict]:
     """The rows, each architecture and batch in a fresh process of this script (``--worker-out``) with its
     own temporary and cache folders; rewrite's calibration is measured here once and copied to each."""
-    from rewrite import calibration
+    from rewrite.cost import cache_path, current
 
     root = tempfile.mkdtemp(prefix="zoo-bench-")
     seed = os.path.join(root, "calibration")
     rows = []
     try:
         os.environ["REWRITE_CACHE_DIR"] = seed
-        calibration.current()  # measured (or read) once: a machine's figure, not a compile's work
+        current()  # measured (or read) once: a machine's figure, not a compile's work
         for name in archs:
             for b in batches:
                 folder = tempfile.mkdtemp(dir=root)
                 cache, tmp, out = (os.path.join(folder, p) for p in ("rewrite-cache", "tmp", "row.json"))
                 os.makedirs(cache, mode=0o700)
                 os.makedirs(tmp)
-                shutil.copy(calibration.cache_path(seed), calibration.cache_path(cache))
+                shutil.copy(cache_path(seed), cache_path(cache))
                 env = {**os.environ, "REWRITE_CACHE_DIR": cache, "TMPDIR": tmp}
                 cmd = [sys.executable, os.path.abspath(__file__), "--archs", name, "--batches", str(b),
                        "--repeat", str(repeat), "--worker-out", out]

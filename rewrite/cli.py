@@ -55,12 +55,12 @@ def _check_pass(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from . import calibration
+    from .cost import calibrate, current
 
     if args.show:
-        print(calibration.current().describe())
+        print(current().describe())
         return 0
-    cal, path = calibration.calibrate(quick=args.quick)
+    cal, path = calibrate(quick=args.quick)
     print(cal.describe())
     print(f"saved to {path}" if path else "not saved (the cache folder is not writable)")
     return 0

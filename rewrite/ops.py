@@ -596,7 +596,7 @@ COMMUTATIVE = overloads("add.Tensor", "mul.Tensor", "maximum.default", "minimum.
                         "logical_or.default", "logical_xor.default", "bitwise_and.Tensor", "bitwise_or.Tensor",
                         "bitwise_xor.Tensor", "eq.Tensor", "ne.Tensor")
 
-# Cost families, by what bounds an op's time: `rewrite.cost` prices them and `rewrite.calibration`
+# Cost families, by what bounds an op's time: `rewrite.cost` prices them and `rewrite.cost.calibration`
 # measures their rates. A compute family's work is its flops, a memory family's the bytes it moves;
 # every other op is "pointwise" (memory-bound, one pass over the data).
 COMPUTE_FAMILIES = {"gemm": MATMULS, "fused_linear": FUSED_LINEARS, "packed_linear": PACKED_LINEARS,

@@ -32,7 +32,7 @@ from typing import Callable
 
 from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
-from .cost import graph_cost
+from .cost import SYMBOL_SIZE, current, graph_cost
 from .dsl import RuleSet
 from .egraph import Limits, run_egraph
 from .ir import Graph
@@ -241,8 +241,6 @@ def _optimize(graph: Graph, unit: CompileUnit) -> Graph:
     report = unit.report
     report.predicted_cost = (graph_cost(graph), None)
     if graph.symbols:  # the cost model prices a symbolic size as a stand-in value: the report says so
-        from .cost import SYMBOL_SIZE
-
         report.symbolic_size_stand_in = SYMBOL_SIZE
     step = Step(graph.copy(), unit, offered_runs(unit), graph)
     _run_each(SCHEDULE.first, step)
@@ -271,13 +269,11 @@ def _run_each(passes, step: Step) -> dict:
 
 
 def _kernel_times():
-    from .calibration import current
-
     return current().kernel_times
 
 
 def _save_kernel_times() -> None:
-    """Keep the kernels this optimization measured at its shapes for the next process (rewrite.kernel_times)."""
+    """Keep the kernels this optimization measured at its shapes for the next process (rewrite.cost.kernel_times)."""
     times = _kernel_times()
     if times is not None:
         times.save()

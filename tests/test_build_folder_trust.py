@@ -19,7 +19,7 @@ import torch
 
 import rewrite
 import rewrite.kernels as kernels_module
-from rewrite import calibration
+from rewrite.cost import FiguresError, calibration
 from rewrite.kernels import UntrustedBuildDir, store
 from test_static_kernels import OUTPUTS, Block, _artifacts, _compile, _config
 
@@ -323,7 +323,7 @@ def test_a_calibration_file_of_another_user_is_not_read(quick_calibration):
         pytest.skip("only root can give a file to another user")
     calibration.calibrate()
     os.chown(quick_calibration, NOBODY, NOBODY)
-    with pytest.raises(calibration.CalibrationError, match="not private to this user"):
+    with pytest.raises(FiguresError, match="not private to this user"):
         calibration.load(quick_calibration)
     cal = calibration._load_or_measure()
     assert cal.source == quick_calibration and os.lstat(quick_calibration).st_uid == os.getuid()

@@ -10,9 +10,9 @@ import sympy
 import torch
 
 import rewrite
-from rewrite import calibration
+from rewrite.cost import calibration
+from rewrite.cost.kernel_times import KernelTimes, convolution_signature
 from rewrite.ir import TensorMeta
-from rewrite.kernel_times import KernelTimes, convolution_signature
 from rewrite.passes import channels_last_convolutions
 from rewrite.passes.channels_last import _IMAGE_OPS, _TUPLES
 

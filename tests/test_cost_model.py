@@ -13,9 +13,9 @@ import sympy
 import torch
 
 import rewrite
-from rewrite import calibration, cost, models
-from rewrite.calibration import DEFAULT, CalibrationError, Rate
+from rewrite import cost, models
 from rewrite.config import CompilerConfig, ConfigError
+from rewrite.cost import DEFAULT, FiguresError, KernelTimes, Rate, calibration, machine
 from rewrite.ir import Graph, TensorMeta
 from rewrite.optimizer import optimize
 from rewrite.report import GraphReport
@@ -63,7 +63,7 @@ def _damage(path: str, how: str) -> None:
         doc["calibration"]["command"] = "rm -rf /"
         open(path, "w").write(json.dumps(doc))
     elif how == "oversized":
-        open(path, "w").write(" " * (calibration.MAX_FILE_BYTES + 1))
+        open(path, "w").write(" " * (machine.MAX_FILE_BYTES + 1))
     elif how == "symlink":
         target = path + ".elsewhere"
         os.replace(path, target)
@@ -81,12 +81,37 @@ def _damage(path: str, how: str) -> None:
 def test_damaged_or_stale_cache_is_refused_naming_the_field_and_measured_again(cache, how, field):
     _, path = calibration.calibrate(quick=True)
     _damage(path, how)
-    with pytest.raises(CalibrationError, match=field) as err:
+    with pytest.raises(FiguresError, match=field) as err:
         calibration.load(path)
     assert path in str(err.value)
     rebuilt = calibration._load_or_measure()
     assert rebuilt.source == path and not os.path.islink(path)
     assert calibration.load(path).families == rebuilt.families  # the file was replaced by a good one
+
+
+def test_one_file_holds_the_rates_and_the_kernel_times_and_each_save_keeps_the_other(cache):
+    _, path = calibration.calibrate(quick=True)
+    times = KernelTimes(path)
+    t = times.seconds(aten.mm.default, meta(8, 16), [meta(8, 16), meta(16, 16)])
+    times.save()
+    figures = machine.read(path)
+    assert figures.calibration is not None and list(figures.kernel_times.values()) == [t]
+    calibration.calibrate(quick=True)  # the rates measured again: the kernel times stay
+    assert list(machine.read(path).kernel_times.values()) == [t]
+    assert [f for f in os.listdir(cache) if not f.startswith(".")] == [os.path.basename(path)]
+
+
+def test_a_file_an_older_rewrite_wrote_is_measured_again_never_an_error(cache):
+    path = machine.cache_path()
+    older = {"format": 2, "key": {**machine.cache_key(), "format": 2}, "measured_at": "2025-01-01 00:00:00",
+             "calibration": DEFAULT.as_json()}  # the rates alone, as format 2 kept them
+    with open(path, "w") as f:
+        f.write(json.dumps(older))
+    os.chmod(path, 0o600)
+    with pytest.raises(FiguresError, match=f"format 2 is not {machine.FORMAT}"):
+        calibration.load(path)
+    rebuilt = calibration._load_or_measure()
+    assert rebuilt.source == path and calibration.load(path).families == rebuilt.families
 
 
 def test_cli_calibrate_writes_the_cache(tmp_path):

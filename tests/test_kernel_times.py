@@ -1,4 +1,4 @@
-"""Kernels measured at a graph's own shapes (rewrite.kernel_times): what is measured, that extraction
+"""Kernels measured at a graph's own shapes (rewrite.cost.kernel_times): what is measured, that extraction
 follows the measured figures (the rules-off form where it is faster), the file read as hostile input,
 and the rules-on/off invariant on small models."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ import sympy
 import torch
 
 import rewrite
-from rewrite import calibration, models
+from rewrite import models
 from rewrite.config import CompilerConfig
-from rewrite.cost import graph_cost, op_cost
+from rewrite.cost import calibration, graph_cost, machine, op_cost
+from rewrite.cost.kernel_times import KernelTimes, signature
 from rewrite.ir import TensorMeta
-from rewrite.kernel_times import KernelTimes, signature
 
 aten = torch.ops.aten
 FIXED = calibration.DEFAULT
@@ -142,17 +142,29 @@ def test_figures_are_saved_and_read_back_by_the_next_process(tmp_path):
     assert second.times == {signature(aten.mm.default, [meta(8, 16), meta(16, 16)]): t}
 
 
+MM = "aten.mm.default(float32[4,8];float32[8,8])"
+
+
+def _figures(times: dict, **fields) -> str:
+    """A figures file (rewrite.cost.machine) holding ``times``, with ``fields`` changed."""
+    doc = {"format": machine.FORMAT, "key": machine.cache_key(), "saved_at": "2025-01-01 00:00:00",
+           "calibration": None, "kernel_times": times, **fields}
+    return json.dumps(doc)
+
+
 @pytest.mark.parametrize("content", [
-    "not json",
-    json.dumps({"format": 1, "times": {"aten.mm.default(float32[1,1];float32[1,1])": -1.0}}),
-    json.dumps({"format": 1, "times": {"k": float("inf")}}).replace("Infinity", "1e999"),
-    json.dumps({"format": 1, "times": {"k": True}}),
-    json.dumps({"format": 1, "times": [], "extra": 1}),
-    json.dumps({"format": 99, "times": {}}),
-])
+    lambda: "not json",
+    lambda: _figures({"aten.mm.default(float32[1,1];float32[1,1])": -1.0}),
+    lambda: _figures({"k": float("inf")}).replace("Infinity", "1e999"),
+    lambda: _figures({"k": True}),
+    lambda: _figures([], extra=1),
+    lambda: _figures({}, format=99),
+    lambda: _figures({MM: 5.0}, key={**machine.cache_key(), "torch": "1.0.0"}),  # stale
+    lambda: json.dumps({"format": 1, "times": {MM: 5.0}}),  # the kernel-times file of an older rewrite
+], ids=["not json", "negative", "infinite", "bool", "extra field", "format 99", "stale", "older rewrite"])
 def test_a_damaged_file_is_ignored_with_a_warning_and_replaced(tmp_path, caplog, content):
     path = tmp_path / "kernel-times.json"
-    path.write_text(content)
+    path.write_text(content())
     os.chmod(path, 0o600)
     with caplog.at_level(logging.WARNING, logger="rewrite"):
         times = KernelTimes(str(path))
@@ -165,8 +177,9 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_replaced(tmp_path, caplog,
 
 def test_a_symlink_or_another_users_file_is_not_read(tmp_path, caplog):
     target = tmp_path / "elsewhere.json"
-    target.write_text(json.dumps({"format": 1, "times": {"aten.mm.default(float32[4,8];float32[8,8])": 5.0}}))
+    target.write_text(_figures({MM: 5.0}))
     os.chmod(target, 0o600)
+    assert KernelTimes(str(target)).times == {MM: 5.0}  # read as itself; not through a link, nor open to others
     link = tmp_path / "kernel-times.json"
     link.symlink_to(target)
     with caplog.at_level(logging.WARNING, logger="rewrite"):

@@ -229,7 +229,7 @@ def test_the_fused_linear_is_offered_by_the_units_own_policy():
     forward graph runs its ATen code (it never tiers up), so it gets oneDNN's fused linear; an inference graph
     of the same config tiers up to static kernels, where the fused linear (no static kernel) would split a
     native run, so it does not. (The optimizer once resolved the policy again as if every graph were inference.)"""
-    from rewrite import calibration
+    from rewrite.cost import calibration
     from rewrite.unit import CompileUnit
 
     config = CompilerConfig()

@@ -8,8 +8,9 @@ import sympy
 import torch
 
 import rewrite
-from rewrite import calibration, models
+from rewrite import models
 from rewrite.config import CompilerConfig
+from rewrite.cost import calibration
 from rewrite.dsl import aten as P
 from rewrite.dsl import dtype_is, is_const, is_float, op, rule, variables
 from rewrite.ir import Graph, TensorMeta

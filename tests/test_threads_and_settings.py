@@ -142,7 +142,7 @@ def test_a_thread_on_fewer_intra_op_threads_leaves_new_threads_torch_count():
     took a stream worker's count while it was being set) calibrates and compiles a multi-stream
     graph. Both change counts and put them back; what they put back for new threads must be
     torch's count, not that thread's (CI once saw new threads start with 1 for the rest of a run)."""
-    from rewrite import calibration
+    from rewrite.cost import calibration
     from rewrite.exec import workers
     from rewrite.utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
 

@@ -5,7 +5,7 @@ channels-last (NHWC) image than on a contiguous (NCHW) one: measured here, a dep
 channels at 16x16 took 123 us contiguous and 71 us channels-last, a 1x1 of 8 to 48 channels at
 batch 8 162 us and 83 us. At others it is slower (a 3-channel stem conv: 23 us against 55 us).
 Inductor converts every convolution of a graph (its ``layout_optimization``); this pass converts each
-region of at least two convolutions linked by layout-keeping ops, unless the times `rewrite.kernel_times`
+region of at least two convolutions linked by layout-keeping ops, unless the times `rewrite.cost.kernel_times`
 measures for both layouts at the graph's static shapes, with the copies at the region's borders, say
 it clearly loses (`MAX_LOSS`). What eager
 already runs channels-last (a convolution reading an NHWC tensor permuted to NCHW, as in ConvNeXt)
@@ -33,9 +33,8 @@ import torch
 
 from .. import ops
 from ..boundary import views_as_reshapes
-from ..cost import op_cost
+from ..cost import CONVOLUTION_PARAMS, op_cost
 from ..ir import Graph, Node, TensorMeta, map_nodes
-from ..kernel_times import CONVOLUTION_PARAMS
 
 log = logging.getLogger("rewrite")
 

@@ -1,6 +1,6 @@
 """The one way rewrite opens a file someone else may have written: bounded, regular, not a symlink.
 
-Export folders, compile caches, static-kernel artifacts, the cost model's calibration file and the
+Export folders, compile caches, static-kernel artifacts, the cost model's figures file and the
 signing key may all come from someone else (a cloned repo, a shared machine), so they are opened
 the same way: ``O_NOFOLLOW`` (a symlink is refused, never followed), ``O_NONBLOCK`` (opening a FIFO
 planted under the expected name returns at once instead of waiting for a writer forever), then

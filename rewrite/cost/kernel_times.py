@@ -1,13 +1,13 @@
 """The compute kernels' seconds at the exact shapes of a graph, measured on this machine.
 
-`rewrite.calibration` fits one rate per op family on a few sizes. That is close enough to order
+`rewrite.cost.calibration` fits one rate per op family on a few sizes. That is close enough to order
 most choices, but the forms the speed rules produce (a merged QKV GEMM and its split, oneDNN's
 fused linear, an attention kernel) win or lose against the rules-off form by a few percent at the
 graph's own shapes, where a fitted rate can be off by more (issue 28: rules on vs off measured
 0.93x where the model predicted 1.16x). So where the shapes are static and the kernel's inputs
 are all tensors, the cost model asks this module: the kernel is run on random tensors of those
-shapes, on the process's threads, and the fastest of a few short batches is its cost; extraction
-then compares the merged and the separate forms by what they take here.
+shapes, on the process's threads, and timed by `rewrite.cost.timing` (the fastest of a few short
+batches); extraction then compares the merged and the separate forms by what they take here.
 
 Convolutions are measured for one choice only, their image's layout (`convolution_seconds`, used by
 `rewrite.passes.channels_last`): the same call with a contiguous and with a channels-last input.
@@ -15,46 +15,39 @@ Convolutions are measured for one choice only, their image's layout (`convolutio
 What is measured: `MEASURED` (GEMMs, fused linears, attention), on the CPU, float dtypes, inputs
 of at most `MAX_BYTES`; anything else, symbolic sizes, or a call whose tensors cannot be told
 apart from its metas alone (``mm(x, x)``) is left to the family model (`seconds` returns None).
-A fused linear is measured without its post-op (which operands alone do not name) and is charged
-the post-op's pass over its output at the pointwise rate, without a dispatch.
+A fused linear is measured without its post-op (which operands alone do not name): the model
+charges the post-op's pass over its output (`WITHOUT_POST_OP`).
 
-Each kernel is measured once per machine: figures go to a JSON file beside the cost model's (same
-key: CPU, cores, torch version, threads) and are read back as hostile input (a regular file of this
-user's, mode 0600, bounded, every entry a bounded finite number; anything else is logged and
-ignored). A process measures for at most `BUDGET_S` seconds in all; after that the model answers.
+Each kernel is measured once per machine: the figures are kept in the per-machine figures file
+beside the rates (`rewrite.cost.machine`, which reads it as hostile input: a damaged file is logged
+and measured again). A process measures for at most `BUDGET_S` seconds in all; after that the model
+answers.
 """
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 import logging
-import math
 import os
 import threading
 import time
 
 import torch
 
-from . import ops
-from .cost import nbytes, pointwise_pass
-from .ir import TensorMeta
-from .persist.atomic import atomic_write_text
-from .persist.folders import user_cache_dir
-from .persist.reading import read_regular
+from .. import ops
+from ..ir import TensorMeta
+from . import machine
+from .sizes import nbytes
+from .timing import fastest
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["KernelTimes", "MEASURED", "CONVOLUTION_PARAMS", "BUDGET_S", "MAX_BYTES", "signature",
+__all__ = ["KernelTimes", "MEASURED", "WITHOUT_POST_OP", "CONVOLUTION_PARAMS", "BUDGET_S", "MAX_BYTES", "signature",
            "convolution_signature"]
 
 BUDGET_S = 10.0             # a process's measuring time in all (the first compiles on a machine pay it)
 MAX_BYTES = 256 << 20       # inputs and output of one measured call
-MAX_ENTRIES = 8192          # kept in the file
-MAX_FILE_BYTES = 2 << 20
-_SECONDS = (1e-8, 10.0)     # a plausible kernel time
 _BATCH_S = 0.5e-3           # one timed batch at least this long (short kernels: several calls)
-_BATCHES = 5
-FORMAT = 1
+_BATCHES = 5                # of them (at least timing.MIN_BATCHES, however slow the kernel)
 
 aten = torch.ops.aten
 _FLASH_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -79,6 +72,8 @@ _CALLS = {
     **{t: (_attention, (3, 4)) for t in (aten.scaled_dot_product_attention.default, _FLASH_CPU)},
 }
 MEASURED = frozenset(_CALLS)
+# measured without the post-op they fuse: `seconds` is the kernel's alone
+WITHOUT_POST_OP = frozenset(t for t in (_LINEAR_POINTWISE,) if t is not None)
 # aten.convolution's arguments after its tensors, as `convolution_seconds` takes them
 CONVOLUTION_PARAMS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
 
@@ -119,20 +114,18 @@ def _tensor_parts(in_metas: list) -> list[str] | None:
 
 
 class KernelTimes:
-    """Measured seconds per call signature; one per process (`for_this_machine`), thread-safe."""
+    """Measured seconds per call signature; one per process (the process's calibration holds it), thread-safe.
 
-    def __init__(self, path: str | None, budget_s: float = BUDGET_S):
+    ``path``: the figures file the times are read from and saved to (None: kept in memory only);
+    ``times``: the times already read from it (else read now)."""
+
+    def __init__(self, path: str | None, budget_s: float = BUDGET_S, times: dict | None = None):
         self.path = path
         self.budget_s = budget_s
         self.spent_s = 0.0
         self.lock = threading.Lock()
-        self.times: dict[str, float] = self._read() if path else {}
+        self.times: dict[str, float] = dict(times) if times is not None else self._read() if path else {}
         self.unsaved = 0
-
-    @classmethod
-    def for_this_machine(cls, key: dict) -> "KernelTimes":
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        return cls(os.path.join(user_cache_dir(), f"kernel-times-{digest}.json"))
 
     def seconds(self, target, out_meta, in_metas: list) -> float | None:
         """Measured seconds of ``target`` on tensors of ``in_metas`` (None: not measured here)."""
@@ -142,12 +135,7 @@ class KernelTimes:
         fn, counts = _CALLS[target]
         if len(in_metas) not in counts or nbytes(in_metas) + nbytes(out_meta) > MAX_BYTES:
             return None
-        t = self._known_or_measured(key, fn, in_metas)
-        if t is None:
-            return None
-        if target is _LINEAR_POINTWISE:  # the post-op's pass over the output, fused: no dispatch of its own
-            t += pointwise_pass(out_meta)
-        return t
+        return self._known_or_measured(key, fn, in_metas)
 
     def convolution_seconds(self, in_metas: list, params: tuple, channels_last: bool) -> float | None:
         """Measured seconds of one ``aten.convolution`` of a 2-d image on tensors of ``in_metas`` (input,
@@ -185,23 +173,13 @@ class KernelTimes:
                         else torch.randn([int(s) for s in m.shape], generator=gen, dtype=m.dtype) for m in in_metas]
                 if prepare is not None:
                     args = prepare(args)
-                fn(*args)  # warm-up: first-call allocations, oneDNN primitive creation
-                t0 = time.perf_counter()
-                fn(*args)
-                one = max(time.perf_counter() - t0, 1e-7)
-                calls = max(1, int(_BATCH_S / one))
-                best = one
-                for _ in range(_BATCHES if one < 0.01 else 2):
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        fn(*args)
-                    best = min(best, (time.perf_counter() - t0) / calls)
+                best = fastest([functools.partial(fn, *args)], _BATCH_S * _BATCHES, _BATCHES)[0]
         except Exception as e:  # noqa: BLE001 - a kernel that refuses random inputs is priced by the model
             log.debug("kernel times: %s not measured (%s: %s)", key, type(e).__name__, e)
             return None
         finally:
             self.spent_s += time.perf_counter() - start
-        best = min(max(best, _SECONDS[0]), _SECONDS[1])
+        best = min(max(best, machine.SECONDS[0]), machine.SECONDS[1])  # what the figures file accepts
         self.times[key] = best
         self.unsaved += 1
         return best
@@ -211,12 +189,8 @@ class KernelTimes:
         with self.lock:
             if not self.path or not self.unsaved:
                 return
-            merged = {**self._read(), **self.times}
-            if len(merged) > MAX_ENTRIES:
-                merged = dict(list(merged.items())[-MAX_ENTRIES:])
             try:
-                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-                atomic_write_text(self.path, json.dumps({"format": FORMAT, "times": merged}, sort_keys=True))
+                machine.update(self.path, kernel_times=self.times)
                 self.unsaved = 0
             except OSError as e:
                 log.info("kernel times: cannot write %s (%s); kept for this process", self.path, e)
@@ -225,24 +199,7 @@ class KernelTimes:
         if not os.path.lexists(self.path):
             return {}
         try:
-            raw = read_regular(self.path, max_size=MAX_FILE_BYTES, private=True)
-            doc = json.loads(raw.decode("utf-8"))
-            return _valid(doc)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            log.warning("kernel times: ignoring %s (%s); measuring again", self.path, e)
+            return machine.read(self.path).kernel_times
+        except machine.FiguresError as e:
+            log.warning("kernel times: ignoring %s; measuring again", e)
             return {}
-
-
-def _valid(doc) -> dict[str, float]:
-    """The ``times`` of a file's JSON, checked: exactly {format, times}, keys short strings, values in bounds."""
-    if not isinstance(doc, dict) or set(doc) != {"format", "times"} or doc["format"] != FORMAT:
-        raise ValueError(f"expected {{'format': {FORMAT}, 'times': {{...}}}}")
-    times = doc["times"]
-    if not isinstance(times, dict) or len(times) > MAX_ENTRIES:
-        raise ValueError(f"field times must be an object of at most {MAX_ENTRIES} entries")
-    for k, v in times.items():
-        if len(k) > 1000 or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or not _SECONDS[0] <= v <= _SECONDS[1]:
-            raise ValueError(f"entry {k[:80]!r}: {v!r} is not seconds in [{_SECONDS[0]}, {_SECONDS[1]}]")
-    return {k: float(v) for k, v in times.items()}
-

@@ -8,12 +8,13 @@ cheaper graph" check, by ``exec.auto_streams`` (which branches are worth a strea
 
 where the family (`FAMILIES`, declared in `rewrite.ops`: gemm, fused linear, packed linear, attention, convolution,
 normalization, copy, pointwise) says what ``work`` is (flops, or bytes) and the rates are
-*measured* on this machine by `rewrite.calibration` (a micro-benchmark of a second or two, cached
+*measured* on this machine by `rewrite.cost.calibration` (a micro-benchmark of a second or two, cached
 per machine, torch version and thread count; ``python -m rewrite calibrate`` re-runs it); rates are
 for one thread, and the speed-up on the process's threads (measured on a large GEMM) applies as
 a kernel's work grows past `PARALLEL_GRAIN_S`. Views and
 size queries cost a fraction of a dispatch, so extraction still prefers ``x`` over
-``view(view(x))``; symbolic sizes are costed at `SYMBOL_SIZE`.
+``view(view(x))``; symbolic sizes are costed at `SYMBOL_SIZE` (`rewrite.cost.sizes`). Where a GEMM or attention kernel
+has static shapes, its time measured at those shapes replaces the formula (`rewrite.cost.kernel_times`).
 
 Compile-time work is free: an op whose inputs are all constants is evaluated once by the folding
 pass (`folds_at_compile_time`), so a rule may build new weights out of frozen ones (a concatenated
@@ -24,20 +25,20 @@ from __future__ import annotations
 import functools
 import operator
 
-import sympy
 import torch
 
-from . import ops
-from .ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas
+from .. import ops
+from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas
+from .calibration import current as _calibration
+from .kernel_times import WITHOUT_POST_OP
+from .sizes import concrete, nbytes, numel
 
-__all__ = ["op_cost", "node_cost", "graph_cost", "numel", "nbytes", "flops", "moves_no_data", "family_of",
+__all__ = ["op_cost", "node_cost", "graph_cost", "flops", "moves_no_data", "family_of", "call_inputs",
            "folds_at_compile_time", "foldable_target", "is_weight", "dispatch_overhead", "single_thread_cost",
-           "pointwise_pass",
-           "FAMILIES", "SIZE_S", "SYMBOL_SIZE", "FOLD_SIZE_LIMIT"]
+           "pointwise_pass", "FAMILIES", "SIZE_S", "FOLD_SIZE_LIMIT"]
 
 SIZE_S = 0.3e-6          # size arithmetic on Python ints (not worth measuring: it is never the choice)
 PARALLEL_GRAIN_S = 100e-6  # one thread's work from which a kernel gets the measured multi-thread speed-up
-SYMBOL_SIZE = 64         # what a symbolic size counts as
 FOLD_SIZE_LIMIT = 65_536  # config.rules.fold_size_limit's default: what the cost model assumes folds
 
 # Op families by what bounds them (`ops.COST_FAMILIES`); the rest is "pointwise".
@@ -54,32 +55,6 @@ def family_of(target) -> str:
     return _FAMILY.get(target, "pointwise")
 
 
-@functools.lru_cache(maxsize=65_536)
-def _concrete(expr) -> int:
-    e = sympy.sympify(expr)
-    if e.is_Integer:
-        return int(e)
-    try:
-        return max(0, int(e.subs({s: SYMBOL_SIZE for s in e.free_symbols})))
-    except (TypeError, ValueError):
-        return SYMBOL_SIZE
-
-
-def numel(meta) -> int:
-    """Elements of a tensor meta (symbols at `SYMBOL_SIZE`; unknown rank: 0)."""
-    if not isinstance(meta, TensorMeta) or meta.shape is None:
-        return 0
-    n = 1
-    for s in meta.shape:
-        n *= _concrete(s)
-    return n
-
-
-def nbytes(meta) -> int:
-    """Bytes of a meta or a nested structure of metas."""
-    return sum(numel(m) * m.dtype.itemsize for m in iter_metas(meta) if isinstance(m, TensorMeta))
-
-
 def flops(target, out_meta, in_metas: list) -> float:
     """Floating-point operations of one call (elementwise ops: one per element)."""
     tensors = [m for m in in_metas if isinstance(m, TensorMeta) and m.shape is not None]
@@ -89,15 +64,15 @@ def flops(target, out_meta, in_metas: list) -> float:
     if family in ("gemm", "fused_linear", "packed_linear") and tensors:
         # 2*M*N*K: the output's elements times the reduced dimension (last dim of the activation)
         a = tensors[1] if target in ops.ADD_MATMULS and len(tensors) > 1 else tensors[0]
-        k = _concrete(a.shape[-1]) if a.shape else 1
+        k = concrete(a.shape[-1]) if a.shape else 1
         return 2.0 * out_n * k
     if family == "convolution" and len(tensors) > 1:
         per_out = 1
         for s in tensors[1].shape[1:]:
-            per_out *= _concrete(s)
+            per_out *= concrete(s)
         return 2.0 * out_n * per_out
     if family == "attention" and tensors and len(tensors[0].shape) >= 2:
-        kv_len = _concrete(tensors[1].shape[-2]) if len(tensors) > 1 and len(tensors[1].shape) >= 2 else 1
+        kv_len = concrete(tensors[1].shape[-2]) if len(tensors) > 1 and len(tensors[1].shape) >= 2 else 1
         return 4.0 * numel(tensors[0]) * kv_len
     return float(max(out_n, max((numel(t) for t in tensors), default=0)))
 
@@ -132,9 +107,11 @@ def _op_cost_cached(target, out_meta, in_metas: tuple, cal) -> float:
 
 
 def _op_cost(target, out_meta, in_metas: list, cal) -> float:
-    if cal.kernel_times is not None:  # GEMMs and attention at static shapes: measured (rewrite.kernel_times)
+    if cal.kernel_times is not None:  # GEMMs and attention at static shapes: measured (rewrite.cost.kernel_times)
         measured = cal.kernel_times.seconds(target, out_meta, in_metas)
         if measured is not None:
+            if target in WITHOUT_POST_OP:  # the fused post-op's pass over the output: no dispatch of its own
+                measured += nbytes(out_meta) / cal.families["pointwise"].rate
             return measured
     overhead, work = _one_thread(target, out_meta, in_metas, cal)
     return overhead + work / _speedup(work, cal)
@@ -270,8 +247,3 @@ def call_inputs(node: Node) -> list:
                     out.append(n)
     return out
 
-
-def _calibration():
-    from .calibration import current
-
-    return current()
