@@ -33,6 +33,8 @@ __all__ = [
     "GearError",
     "ExportError",
     "explain",
+    "stats",
+    "SlowPathError",
     "dynamo_export",
     "load",
     "inference",
@@ -50,6 +52,8 @@ _LAZY = {
     "testing": ("rewrite.testing", None),
     "dsl": ("rewrite.dsl", None),
     "explain": ("rewrite.explain", "explain"),
+    "stats": ("rewrite.explain", "stats"),
+    "SlowPathError": ("rewrite.ledger", "SlowPathError"),
     "dynamo_export": ("rewrite.export", "dynamo_export"),
     "load": ("rewrite.export", "load"),
 }

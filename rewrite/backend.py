@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import sys
 import threading
 
 import torch
@@ -27,8 +28,9 @@ from . import exec as rexec
 from . import gears as rgears
 from .config import CompilerConfig, ConfigError
 from .fx_bridge import dynamo_input_names
-from .gears.graphs import GearFunctions, dynamo_code
+from .gears.graphs import GearFunctions, dynamo_code, recompile_reasons
 from .ir import Graph
+from .ledger import Ledger
 from .optimizer import optimize
 from .pipeline import Stages, build_callable
 from .report import CompileReport
@@ -85,8 +87,10 @@ class RewriteBackend:
         # A private copy: changing the user's config later must not change (or skip checks of) this backend.
         self.config = copy.deepcopy(compiler_config) if compiler_config is not None else CompilerConfig()
         self.report = CompileReport()
+        self.ledger = Ledger(self.config.strict)  # the slow paths of everything this backend compiled (rewrite.stats)
         self._lock = threading.Lock()
         self._gear_functions = GearFunctions(self.report)  # Dynamo graphs per geared function (report.gear_graphs)
+        self._graphs_per_frame: dict = {}  # Dynamo frame key -> graphs compiled for it (a second one is a recompile)
         rexec.check_config(self.config)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
@@ -113,7 +117,7 @@ class RewriteBackend:
 
         def unit(kind: str, weights: tuple = ()) -> CompileUnit:
             with self._lock:
-                return CompileUnit.for_aot_graph(number, kind, self.config, self.report, weights)
+                return CompileUnit.for_aot_graph(number, kind, self.config, self.report, weights, self.ledger)
 
         direct: dict = {}  # the inference graph called without AOTAutograd's wrapper, where it would do nothing
 
@@ -151,9 +155,28 @@ class RewriteBackend:
             )(gm, example_inputs)
         with self._lock:
             again = self._gear_functions.compiled(frame, gear_spec)
+            retrace = self._recompiled(frame, again)
         if again is not None:  # a second (or later) Dynamo graph for a geared function: say why
             log.info("%s", again)
-        return direct.get("fn") or wrapped
+        fn = direct.get("fn") or wrapped
+        if retrace is None:
+            return fn
+        fix = ("declare the sizes that vary (set_dim_gears, torch._dynamo.mark_dynamic(t, dim, min=, max=), "
+               "torch.compile(shapes_spec=...)) so one trace serves them, or remove the branch on a size the guard names")
+        # AOTAutograd and exec.direct read these on what a compiler returns
+        return self.ledger.on_first_call(fn, "recompiles", retrace, fix, keep=("__rewrite_fn__", "_boxed_call"))
+
+    def _recompiled(self, frame, geared) -> str | None:
+        """Why this Dynamo graph is a recompile of ``frame`` (its second or later graph), or None. Under the lock."""
+        if frame is None:
+            return None
+        n = self._graphs_per_frame[frame.key] = self._graphs_per_frame.get(frame.key, 0) + 1
+        if n == 1:
+            return None
+        if geared is not None and geared.retraces:
+            return f"{frame.name}: {geared.retraces[-1]}"
+        reasons = recompile_reasons(frame.code)
+        return f"{frame.name}: graph {n} was traced because " + (reasons[-1] if reasons else "of a reason Dynamo did not record")
 
     def compile_graph(self, gm: torch.fx.GraphModule, name: str, unit: CompileUnit, frozen: dict, gear_spec,
                       example_inputs=None):
@@ -322,7 +345,31 @@ def rewrite_backend(gm, example_inputs, *, mode: str | None = None, options: dic
     """Entry point for ``torch.compile(backend="rewrite", mode=..., options=...)``.
 
     ``mode`` takes torch.compile's mode names; ``options`` maps dotted config paths to values,
-    e.g. ``{"inference_config.gear_fallback": "pad", "exec.kernels": "inductor"}``.
+    e.g. ``{"inference_config.gear_fallback": "pad", "exec.kernels": "inductor"}``. One `RewriteBackend`
+    serves every graph of one ``torch.compile`` call, as a backend passed by object does, so its report and
+    slow-path counts (`rewrite.stats`) are that compiled function's.
     """
-    return RewriteBackend(torch_compile_config(mode, options))(gm, example_inputs)
+    return backend_of_this_compile(lambda: torch_compile_config(mode, options))(gm, example_inputs)
 
+
+def backend_of_this_compile(make_config) -> RewriteBackend:
+    """The `RewriteBackend` of the ``torch.compile`` call a backend named by string is serving (made with
+    ``make_config()`` on its first graph): one per call, as a backend passed by object is, so its report and
+    slow-path counts (`rewrite.stats`) belong to that compiled function. Written for torch 2.11-2.13: the
+    call's ``_TorchCompileWrapper`` is ``self`` a few frames up (it calls the entry point with its options);
+    where it is not found each graph gets a backend of its own, as before."""
+    holder = None
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back
+        if frame is None:
+            break
+        if type(frame.f_locals.get("self")).__name__ == "_TorchCompileWrapper":
+            holder = frame.f_locals["self"]
+            break
+    backend = getattr(holder, "_rewrite_backend", None)
+    if backend is None:
+        backend = RewriteBackend(make_config())
+        if holder is not None:
+            holder._rewrite_backend = backend
+    return backend

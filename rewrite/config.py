@@ -307,6 +307,10 @@ class CompilerConfig(_Section):
             self.set_path(path, value)
 
     mode = _Choice("max-autotune", ("max-autotune", *REDUCE_OVERHEAD_MODES))
+    # Every slow path (a pad, a dynamic fallback, a recompile, an uncaptured CUDA graph, a tier-up refused or
+    # pending, an ATen op where a static kernel was expected) raises rewrite.SlowPathError naming the cause and
+    # the fix, instead of being counted (rewrite.stats(compiled_fn) shows the counts; rewrite.ledger).
+    strict = _Typed(False, bool)
     # User FX passes run on each AOT graph before / after the built-in ones (TorchAir and Inductor
     # spelling): ``fn(graph_module, example_inputs, config)``, mutating the GraphModule in place.
     post_grad_custom_pre_pass = _Callable()

@@ -4,10 +4,37 @@ from __future__ import annotations
 import torch
 
 from .backend import RewriteBackend, rewrite_backend
+from .compat import npugraph_ex as npugraph_ex_entry
 from .config import CompilerConfig, ConfigError
+from .ledger import Stats
 from .report import CompileReport
 
-__all__ = ["explain"]
+__all__ = ["explain", "stats"]
+
+
+def stats(compiled) -> Stats:
+    """The slow-path counts of what ``torch.compile(..., backend=<rewrite's>)`` returned (`rewrite.ledger`):
+    ``.pads``, ``.padded_rows``, ``.dynamic_fallbacks``, ``.recompiles``, ``.uncaptured``, ``.tier_up_refused``,
+    ``.tier_up_pending``, ``.aten_fallbacks``, and ``.gears`` (calls per gear). Also takes the backend itself.
+    Cheap: a snapshot of counters, nothing is compiled or run."""
+    if isinstance(compiled, RewriteBackend):
+        return compiled.ledger.stats()
+    callback = getattr(_dynamo_context(compiled), "callback", None)
+    if callback is None:
+        raise TypeError(f"rewrite.stats(): expected what torch.compile(..., backend=rewrite's backend) returned, or the "
+                        f"backend; got {type(compiled).__name__}")
+    from torch._dynamo.eval_frame import innermost_backend
+
+    inner = innermost_backend(callback)
+    backend = getattr(inner, "compiler_fn", inner)
+    if isinstance(backend, RewriteBackend):
+        return backend.ledger.stats()
+    if backend in (rewrite_backend, npugraph_ex_entry) or getattr(backend, "__module__", "").startswith("rewrite."):
+        # backend="rewrite" / "npugraph_ex": the backend of this torch.compile call, once it has compiled a graph
+        made = getattr(inner, "_rewrite_backend", None)
+        return made.ledger.stats() if made is not None else Stats()
+    name = getattr(inner, "compiler_name", None) or getattr(backend, "__name__", None) or type(backend).__name__
+    raise TypeError(f"rewrite.stats(): this function was compiled with backend {name!r}, not rewrite's")
 
 
 def explain(fn_or_module, *args, config: CompilerConfig | None = None, fullgraph: bool = False, **kwargs) -> CompileReport:
@@ -46,6 +73,7 @@ def explain(fn_or_module, *args, config: CompilerConfig | None = None, fullgraph
             compiled(*gear_args, **gear_kwargs)
         except Exception as e:  # noqa: BLE001 - the report says which gear could not run, and why
             report.note(f"gear {label} not run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    report.stats = backend.ledger.stats()
     return report
 
 
@@ -115,8 +143,6 @@ def _unwrap_compiled(obj, config_given: bool):
         from .backend import torch_compile_config
 
         return original, RewriteBackend(torch_compile_config(options.get("mode"), options.get("options")))
-    from .compat import npugraph_ex as npugraph_ex_entry
-
     if fn is npugraph_ex_entry or getattr(fn, "__name__", "") == "npugraph_ex" \
             and getattr(fn, "__module__", "").startswith("rewrite."):
         from .compat.torchair import npugraph_ex_config

@@ -155,6 +155,8 @@ class CompileReport(_Notes):
     # One `GearGraphs` per function that was compiled with gears (`rewrite.inference.set_dim_gears`)
     gear_graphs: list = dataclasses.field(default_factory=list)
     notes: list = dataclasses.field(default_factory=list)
+    # The slow paths of the compiled function (rewrite.ledger.Stats), when `rewrite.explain` made the calls
+    stats: object = None
 
     def new_graph(self, name: str) -> GraphReport:
         r = GraphReport(name)
@@ -179,4 +181,4 @@ class CompileReport(_Notes):
     def __str__(self) -> str:
         head = f"rewrite: {len(self.graphs)} graph(s), {self.ops_before} ops -> {self.ops_after} ops"
         return "\n".join([head] + [str(g) for g in self.gear_graphs] + [f"note: {n}" for n in self.notes]
-                         + [str(g) for g in self.graphs])
+                         + ([str(self.stats)] if self.stats is not None else []) + [str(g) for g in self.graphs])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from .config import CompilerConfig
+from .ledger import Ledger
 from .policy import ExecutionPolicy, resolve_policy
 from .report import CompileReport, GraphReport
 
@@ -36,6 +37,8 @@ class CompileUnit:
     # indices of graph inputs that stay in place across calls: the model's parameters and buffers, and tensors
     # marked with torch._dynamo.mark_static_address (a static KV cache); CUDA graphs read them where they are
     weights: tuple = ()
+    # the slow-path counts of the compiled function the unit belongs to (rewrite.ledger): shared by its units
+    ledger: Ledger | None = dataclasses.field(default=None, compare=False)
     policy: ExecutionPolicy = dataclasses.field(init=False, compare=False)  # how its graphs run, from config and kind
 
     def __post_init__(self):
@@ -44,13 +47,15 @@ class CompileUnit:
         object.__setattr__(self, "policy", resolve_policy(self.config, self.kind))  # frozen: set once, here
         if self.report is None:  # every stage reports to `report.note` / `report.count`, whoever made the unit
             object.__setattr__(self, "report", GraphReport(self.name))
+        if self.ledger is None:
+            object.__setattr__(self, "ledger", Ledger(self.config.strict))
 
     @classmethod
     def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport,
-                      weights: tuple = ()) -> "CompileUnit":
+                      weights: tuple = (), ledger: Ledger | None = None) -> "CompileUnit":
         """The backend's unit for AOT graph ``kind`` of Dynamo graph ``number``, with a new report in ``reports``."""
         name = f"g{number}_{kind}"
-        return cls(name, number, kind, config, reports.new_graph(name), tuple(weights))
+        return cls(name, number, kind, config, reports.new_graph(name), tuple(weights), ledger)
 
     @classmethod
     def detached(cls, name: str, config: CompilerConfig, report: GraphReport | None = None,

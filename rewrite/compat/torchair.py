@@ -156,7 +156,7 @@ def npugraph_ex_config(options: dict | None) -> CompilerConfig:
 def npugraph_ex(gm, example_inputs, options: dict | None = None):
     """``torch.compile(model, backend="npugraph_ex", options={...})``: reduce-overhead mode with
     npugraph_ex's option names (registered under that name when this module is imported)."""
-    return RewriteBackend(npugraph_ex_config(options))(gm, example_inputs)
+    return backend_of_this_compile(lambda: npugraph_ex_config(options))(gm, example_inputs)
 
 
 try:

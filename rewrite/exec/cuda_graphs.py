@@ -108,11 +108,12 @@ def _pool_bytes(device: torch.device, pool) -> int:
 class CudaGraphs:
     """What the captured gears of one compiled function share: pool, stream, input buffers, capture count."""
 
-    def __init__(self, device: torch.device, limit: int, in_place: tuple = (), report=None):
+    def __init__(self, device: torch.device, limit: int, in_place: tuple = (), report=None, ledger=None):
         self.device = device
         self.limit = limit
         self.in_place = frozenset(in_place)  # input indices read in place (weights, static addresses)
         self.report = report
+        self.ledger = ledger  # rewrite.ledger.Ledger: calls that run uncaptured are slow paths
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(device=device)
         self.captured = 0
@@ -257,8 +258,18 @@ class CapturedGear:
             if self.cuda_graph is not None and not self._in_place_moved(args):
                 return self._replay(args)
             if self.refused:
+                self._uncaptured("it cannot be captured (see the warning logged when it was refused)")
                 return self.fn(*args)
-            return self.graphs.capture_from(self, args)
+            out = self.graphs.capture_from(self, args)
+            if self.cuda_graph is None and self.calls > 1:
+                self._uncaptured("its capture failed on this call; it tries again on the next")
+            return out
+
+    def _uncaptured(self, why: str) -> None:
+        if self.graphs.ledger is not None:
+            self.graphs.ledger.slow("uncaptured", f"graph {self.graph.name} ran without its CUDA graph: {why}",
+                                    "raise config.debug.aclgraph.static_capture_size_limit if the limit was reached; "
+                                    "keep other threads from synchronizing the device while a model captures")
 
     def example_inputs(self, args) -> list | None:
         """Inputs for a run of this gear made from its metas, with ``args``' in-place inputs (None: it has

@@ -29,7 +29,7 @@ class HotSwapGear:
     (run on the build thread) has returned the hot callable."""
 
     def __init__(self, name: str, cold: Callable, build: Callable[[], Callable], cold_calls: int,
-                 note: Callable[[str], None]):
+                 note: Callable[[str], None], ledger=None):
         self.name = name
         self.cold = cold
         self.hot: Callable | None = None
@@ -39,6 +39,7 @@ class HotSwapGear:
         self._build = build
         self._future = None
         self._note = note
+        self._ledger = ledger  # rewrite.ledger.Ledger: pending calls and a failed build are slow paths
         self._lock = threading.Lock()
 
     @property
@@ -59,6 +60,10 @@ class HotSwapGear:
             return self.cold(*args)
         if self._future is None or not self._future.done():
             self.pending_calls += 1
+            if self._ledger is not None:
+                self._ledger.slow("tier_up_pending", f"graph {self.name}: its kernels are still being built; the "
+                                  "call ran its ATen code", "wait for the builds before serving "
+                                  "(rewrite.exec.background.wait_for_builds()), or raise exec.tier_up_calls")
             return self.cold(*args)
         return self._take()(*args)
 
@@ -77,8 +82,11 @@ class HotSwapGear:
                                   if self.pending_calls else ""))
                 except Exception as e:  # noqa: BLE001 - the ATen code is always correct; say why it stays
                     self.hot = self.cold
-                    self._note(f"graph {self.name} keeps its ATen code: its tier-up build failed "
-                               f"({type(e).__name__}: {e})")
+                    why = f"graph {self.name} keeps its ATen code: its tier-up build failed ({type(e).__name__}: {e})"
+                    self._note(why)
+                    if self._ledger is not None:
+                        self._ledger.slow("tier_up_refused", why, "see the error; exec.cuda_kernels = 'aten' captures "
+                                          "the ATen code instead")
             return self.hot
 
     def wait(self, timeout: float | None = None) -> bool:

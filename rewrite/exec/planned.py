@@ -68,13 +68,14 @@ class PlannedExecutable:
     """The callable of one static graph under its plan; all gears of a function share ``pool``."""
 
     def __init__(self, graph: Graph, plan: ExecutionPlan, pool: ArenaPool, native: NativeRuns | None = None,
-                 fallback=None):
+                 fallback=None, ledger=None):
         self.graph = graph
         self.plan = plan
         self.pool = pool
         self.native = native
         pool.require(plan.arena_bytes)
         self._warned = False
+        self.ledger = ledger  # rewrite.ledger.Ledger: calls that cannot use the static kernels are counted there
         self._index = {n.id: i for i, n in enumerate(graph.nodes)}
         self._fixed = self._fixed_values()
         self._unpacked: list[int] = []  # node indices the per-call function takes from the binding
@@ -338,6 +339,11 @@ class PlannedExecutable:
             self._warned = True
             log.info("reduce-overhead: graph %s called with input strides its static kernels were not built for; "
                      "such calls run the plain generated code", self.graph.name)
+        if self.ledger is not None:
+            native = sum(p.kind == "native" for p in self.plan.nodes.values())
+            self.ledger.slow("aten_fallbacks", f"graph {self.graph.name} was called with input strides its static "
+                             "kernels were not built for; the call ran its plain code",
+                             "pass inputs with the strides of the first calls (contiguous ones, usually)", n=native)
         return self.fallback(*args)
 
 

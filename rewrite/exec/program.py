@@ -106,6 +106,11 @@ class _Gear:
             return run(*args)
         if self.cold_calls > 0:
             self.cold_calls -= 1  # not atomic: concurrent callers may run a few more cold calls, never fewer
+            if self.put_off:
+                self.program.unit.ledger.slow(
+                    "tier_up_pending", f"graph {self.graph.name}: its static-kernel build waits for another "
+                    "process's lock; the call ran its ATen code", "give each process its own build folder, or set "
+                    "LOCAL_WORLD_SIZE so one builds for all")
             return self.fallback(*args)
         return self._first_call(args)
 
@@ -185,7 +190,9 @@ class PlannedProgram:
         why = unplannable(graph) or _seen_outside(graph)
         if why is not None:
             log.debug("graph %s does not tier up: %s", graph.name, why)
-            return fn
+            return self.unit.ledger.on_first_call(
+                fn, "tier_up_refused", f"graph {graph.name} keeps its ATen code: {why}",
+                "keep random draws and side effects out of the compiled region (or accept ATen speed for it)")
         gear = _Gear(self, graph, fn, cold_calls=self.policy.tier_up_calls)
         self.gears.append(gear)
         return gear
@@ -206,7 +213,7 @@ class PlannedProgram:
         else:
             def build():
                 return graphs.wrap(graph, fn)
-        gear = HotSwapGear(graph.name, fn, build, self.policy.tier_up_calls, self.note)
+        gear = HotSwapGear(graph.name, fn, build, self.policy.tier_up_calls, self.note, self.unit.ledger)
         self.hot_swaps.append(gear)
         return gear
 
@@ -231,15 +238,17 @@ class PlannedProgram:
                           f"{gear.cold_calls} calls")
             gear.put_off += 1
         except Exception as e:  # noqa: BLE001 - the plain code is always correct; say why it stays
-            self.note(f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})")
+            why = f"graph {gear.graph.name} keeps its ATen code: tiering up failed ({type(e).__name__}: {e})"
+            self.note(why)
             gear.run = gear.fallback
+            self.unit.ledger.slow("tier_up_refused", why, "see the note's error; the graph's plain code runs meanwhile")
 
     def _cuda_graphs(self, device: torch.device):
         if self.cuda is None:
             from .cuda_graphs import CudaGraphs
 
             self.cuda = CudaGraphs(device, self.config.debug.aclgraph.static_capture_size_limit, self.unit.weights,
-                                   self.unit.report)
+                                   self.unit.report, self.unit.ledger)
         return self.cuda
 
     def _static_kernels(self):
@@ -253,6 +262,8 @@ class PlannedProgram:
                     raise
                 self.static_kernels = False  # plan memory only
                 self.note(f"tier-up without static kernels: {e}")
+                self.unit.ledger.slow("aten_fallbacks", f"tier-up without static kernels: {e}",
+                                      "install a C compiler and give the per-user cache folder to this user alone")
                 if isinstance(e, UntrustedBuildDir):  # never used silently: someone else may write there
                     log.warning("rewrite: tier-up without static kernels (memory plan only): %s", e)
         return self.kernels
@@ -278,7 +289,8 @@ class PlannedProgram:
         if self.kernels is not None:
             self.kernels.build({p.kernel for g in gears for p in g.plan.nodes.values() if p.kind == "native"})
         for gear in gears:
-            gear.run = PlannedExecutable(gear.graph, gear.plan, self.pool, self.kernels, gear.fallback)
+            gear.run = PlannedExecutable(gear.graph, gear.plan, self.pool, self.kernels, gear.fallback,
+                                         self.unit.ledger)
 
     def is_tiering_gear(self, fn) -> bool:
         """Whether ``fn`` (from `executable`) is a gear that tiers up after its cold calls."""
