@@ -5,7 +5,7 @@ A compiled model (`rewrite.backend`) and a loaded export or ``cache_compile`` en
 execution policy (`rewrite.policy`) picks the program (`exec.program_for`), a graph with size
 symbols becomes one static graph per gear (`gears.compile_dynamic`), each static graph is built
 by `exec.build_executable`, and the program then builds what its gears share (static kernels)
-in one go. The driver writes the graph dumps at these stage boundaries; the executors write none.
+in one go. A graph's dynamic dims are recorded by `gears.traffic` (its dispatcher, or a wrapper). The driver writes the graph dumps at these stage boundaries; the executors write none.
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs:
     if graph.is_static() or gear_spec is None:
         with _stage(unit, "codegen"):
             fn = build_static(graph)
+        # Sizes of its dynamic dims go to `rewrite.gears.recording` while one is open (fn itself if none).
+        fn = rgears.traffic.recorded(fn, graph, unit)
     else:
         fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static, gear_graphs=gear_graphs)
     if program is not None:

@@ -21,9 +21,19 @@ from .config import CompilerConfig
 from .policy import ExecutionPolicy, resolve_policy
 from .report import CompileReport, GraphReport
 
-__all__ = ["CompileUnit", "KINDS", "as_unit"]
+__all__ = ["CompileUnit", "Origin", "KINDS", "as_unit"]
 
 KINDS = ("forward", "backward", "inference")
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """What the user calls the code a graph was traced from: how recordings of the traffic
+    (`rewrite.gears.recording`) name what they count."""
+
+    function: str = ""  # "forward (model.py:12)"; "" unknown
+    input_names: tuple = ()  # Dynamo's source name of each graph input (``L['x']``); () when they do not align
+    dynamic: bool = False  # traced with ``dynamic=True``: a size-0/1 dim of an input was specialized, not static
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +44,7 @@ class CompileUnit:
     config: CompilerConfig
     report: GraphReport | None = None  # where stages count what they did and leave notes (None: log only)
     weights: tuple = ()  # indices of graph inputs that are the model's parameters and buffers (in place across calls)
+    origin: Origin | None = None  # the user's function and input names (None: a graph built outside the backend)
     policy: ExecutionPolicy = dataclasses.field(init=False, compare=False)  # how its graphs run, from config and kind
 
     def __post_init__(self):
@@ -43,10 +54,10 @@ class CompileUnit:
 
     @classmethod
     def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport,
-                      weights: tuple = ()) -> "CompileUnit":
+                      weights: tuple = (), origin: Origin | None = None) -> "CompileUnit":
         """The backend's unit for AOT graph ``kind`` of Dynamo graph ``number``, with a new report in ``reports``."""
         name = f"g{number}_{kind}"
-        return cls(name, number, kind, config, reports.new_graph(name), tuple(weights))
+        return cls(name, number, kind, config, reports.new_graph(name), tuple(weights), origin)
 
     @classmethod
     def detached(cls, name: str, config: CompilerConfig, report: GraphReport | None = None,
