@@ -53,7 +53,7 @@ def test_plan_is_the_brute_force_optimum(hist, k, data):
         latency, lat = table, table.__getitem__
     else:
         latency, lat = None, float
-    plan = plan_gears(hist, max_gears=k, latency=latency, candidates=candidates)
+    plan = plan_gears(hist, max_gears=k, latency=latency, candidates=candidates, monotone=False)
     best = brute_force(hist, [c for c in candidates if c >= sizes[0]], k, lat)
     assert served_cost(hist, plan.gears, lat) == pytest.approx(best, rel=1e-9)
     assert len(plan.gears) <= k and plan.gears == sorted(set(plan.gears)) and plan.gears[-1] >= sizes[-1]
@@ -113,9 +113,24 @@ def test_enough_gears_waste_nothing_and_equal_costs_take_fewer_gears():
 def test_measured_latency_decides_not_rows():
     # 64 measured faster than 48 (an aligned kernel): sizes 33..48 go to 64 although it pads more rows
     lat = {16: 1.0, 32: 2.0, 48: 5.0, 64: 4.0}
-    plan = plan_gears({16: 10, 40: 10, 64: 1}, max_gears=2, latency=lat)
+    plan = plan_gears({16: 10, 40: 10, 64: 1}, max_gears=2, latency=lat, monotone=False)
     assert plan.gears == [16, 64]
     assert plan.padded_rows > 0 and plan.expected_waste == pytest.approx(10 * (4.0 - 3.5) / (10 + 10 * 4.0 + 4.0))
+
+
+def test_measured_latency_is_made_non_decreasing_by_default():
+    # noise made 2 rows look faster than 1: pooled to their mean (1.5), so 1 is no free ride to 2
+    noisy = {1: 2.0, 2: 1.0, 4: 4.0}
+    plan = plan_gears({1: 10, 2: 1, 4: 1}, max_gears=2, latency=noisy)
+    assert plan.gears == [2, 4]
+    assert "made non-decreasing: 2 adjusted" in str(plan)
+    # pooled, 1 and 2 cost the same: serving 1 at 2 wastes nothing, and the plan says so
+    assert plan.expected_waste == pytest.approx(evaluate_gears({1: 10, 2: 1, 4: 1}, plan.gears,
+                                                               latency={1: 1.5, 2: 1.5, 4: 4.0}).expected_waste)
+    raw = plan_gears({1: 10, 2: 1, 4: 1}, max_gears=2, latency=noisy, monotone=False)
+    assert raw.gears == [2, 4]  # taken at face value, 2 is cheaper than 1
+    with pytest.raises(GearError, match="monotone must be True or False"):
+        plan_gears([1], monotone="yes")
 
 
 def test_ladder_and_max_waste():

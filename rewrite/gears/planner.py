@@ -130,7 +130,8 @@ def power_of_two_ladder(largest: int) -> list[int]:
 # -- the planner ----------------------------------------------------------------------------------------------
 
 def plan_gears(sizes, *, max_gears: int = DEFAULT_MAX_GEARS, latency=None, memory=None, max_memory_bytes=None,
-               compile_s=None, max_compile_s=None, max_waste=None, candidates=None, stream=None) -> GearPlan:
+               compile_s=None, max_compile_s=None, max_waste=None, candidates=None, stream=None,
+               monotone: bool = True) -> GearPlan:
     """The gears that minimise the expected latency of the observed traffic, within the budgets.
 
     ``sizes``: the observed sizes of one dimension: a list (or any iterable) of positive ints, a
@@ -146,7 +147,10 @@ def plan_gears(sizes, *, max_gears: int = DEFAULT_MAX_GEARS, latency=None, memor
     * ``max_gears``: an int in [1, 100] (default 8);
     * ``latency``: None (latency proportional to size: padded rows are the cost), a ``{size: seconds}``
       mapping of measured gear latencies (linear between measured sizes, flat below the smallest;
-      it must reach the largest observed size), or a callable ``size -> seconds``;
+      it must reach the largest observed size), or a callable ``size -> seconds``. With ``monotone``
+      (the default) measured points are first fitted by the closest non-decreasing sequence (isotonic
+      least squares): timing noise that makes 3 rows look faster than 2 must not pick the gears;
+      ``monotone=False`` keeps them as measured (a kernel aligned at 64 rows may truly beat 60);
     * ``max_memory_bytes`` with ``memory=`` the bytes one gear holds (callable, mapping, or a constant):
       the gears' sum stays within it;
     * ``max_compile_s`` with ``compile_s=`` one gear's compile seconds (callable, mapping, or a constant);
@@ -160,7 +164,7 @@ def plan_gears(sizes, *, max_gears: int = DEFAULT_MAX_GEARS, latency=None, memor
     k_max = _int_in("max_gears", max_gears, 1, MAX_GEARS)
     observed = sorted(hist)
     largest = observed[-1]
-    lat, model, measured_at = _latency(latency, largest)
+    lat, model, measured_at = _latency(latency, largest, _flag("monotone", monotone))
     cands = _candidates(candidates, observed, measured_at)
     mem = _per_gear("memory", memory, "bytes")
     comp = _per_gear("compile_s", compile_s, "seconds")
@@ -219,7 +223,7 @@ def plan_gears(sizes, *, max_gears: int = DEFAULT_MAX_GEARS, latency=None, memor
                  budgets="; ".join(budgets), stream=stream_name)
 
 
-def evaluate_gears(sizes, gears, *, latency=None, stream=None) -> GearPlan:
+def evaluate_gears(sizes, gears, *, latency=None, stream=None, monotone: bool = True) -> GearPlan:
     """The figures of a given set of gears on the traffic ``sizes`` (same arguments as `plan_gears`):
     e.g. a ladder you deploy today. The largest gear must cover the largest observed size."""
     stream_name, hist = _traffic(sizes, stream)
@@ -232,7 +236,7 @@ def evaluate_gears(sizes, gears, *, latency=None, stream=None) -> GearPlan:
     if gs[-1] < largest:
         raise GearError(f"evaluate_gears: gears {gs} do not cover the largest observed size {largest}; "
                         f"the largest gear must be >= {largest}")
-    lat, model, _ = _latency(latency, largest)
+    lat, model, _ = _latency(latency, largest, _flag("monotone", monotone))
     return _plan(hist, gs, lat, model, len(gs), stream=stream_name)
 
 
@@ -458,7 +462,13 @@ def _non_negative(name: str, v, size: int) -> float:
     return float(v)
 
 
-def _latency(latency, largest: int):
+def _flag(name: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise GearError(f"plan_gears: {name} must be True or False, got {v!r}")
+    return v
+
+
+def _latency(latency, largest: int, monotone: bool = True):
     """(size -> latency, the model in words, the sizes it was measured at)."""
     if latency is None:
         return float, "proportional to size", []
@@ -467,6 +477,11 @@ def _latency(latency, largest: int):
         if max(table) < largest:
             raise GearError(f"plan_gears: latency was measured up to size {max(table)}, but the traffic reaches "
                             f"{largest}; measure it up to at least {largest}")
+        if monotone:
+            fitted = _isotonic(table)
+            changed = sum(1 for s in table if fitted[s] != table[s])
+            return (_interpolated(fitted), f"measured at {len(table)} sizes"
+                    + (f" (made non-decreasing: {changed} adjusted)" if changed else ""), sorted(table))
         return _interpolated(table), f"measured at {len(table)} sizes", sorted(table)
     if callable(latency):
         return _checked("latency", latency, positive=True), "callable", []
@@ -501,6 +516,24 @@ def _checked(name: str, fn, positive: bool):
         return v
 
     return f
+
+
+def _isotonic(table: dict) -> dict:
+    """The non-decreasing values closest to ``table``'s (least squares; pool adjacent violators)."""
+    xs = sorted(table)
+    blocks: list = []  # [sum, count, number of points]
+    for x in xs:
+        blocks.append([table[x], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    out, i = {}, 0
+    for s, c in blocks:
+        for _ in range(c):
+            out[xs[i]] = table[xs[i]] if c == 1 else s / c
+            i += 1
+    return out
 
 
 def _interpolated(table: dict) -> Callable[[int], float]:
