@@ -236,8 +236,8 @@ def test_measure_latency_times_each_size_with_few_calls():
     table = measure_latency(lambda a, b: calls.append((a, b)), lambda s: (s, "x"), [4, 1, 4], repeat=3, warmup=1)
     assert sorted(table) == [1, 4] and all(v > 0 for v in table.values())
     assert calls == [(1, "x")] * 4 + [(4, "x")] * 4
-    plan = plan_gears([1, 4, 4], latency=table)
-    assert plan.gears == [1, 4] and "measured at 2 sizes" in str(plan)
+    plan = plan_gears([1, 4, 4], latency=table)  # which gears depends on the (meaningless) times measured
+    assert plan.gears[-1] == 4 and "measured at 2 sizes" in str(plan)
 
 
 # -- recordings ----------------------------------------------------------------------------------------------------
