@@ -17,11 +17,19 @@ triggered a compile), minus that shape's steady latency; recompiles count Dynamo
 the first. Inductor's on-disk cache is off so compile times are honest. Latency is the best of
 ``--repeat`` calls after warm-up (the machine is shared: noise only adds time); every contender's
 output is checked against eager first.
+
+Traffic run (``--traffic``): the question a serving user asks, "gears or dynamic?", on a stream of
+requests whose batch sizes follow a skewed distribution: see `TRAFFIC_DOC` below, or
+``python benchmarks/gears.py --traffic --help``.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import statistics
+import subprocess
 import sys
 import time
 
@@ -29,7 +37,7 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import machine_line, markdown_table, record_section, save_plot  # noqa: E402
+from _results import OUT_DIR, cold_caches, machine_line, markdown_table, record_section, save_plot  # noqa: E402
 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
@@ -113,7 +121,12 @@ def run_contender(contender, model, name, scenario, repeat):
 
 
 def main():
+    if "--traffic-row" in sys.argv:  # one contender of the traffic run, in a process of its own
+        return traffic_row(json.loads(sys.argv[sys.argv.index("--traffic-row") + 1]))
+    if "--traffic" in sys.argv:
+        return traffic_main()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traffic", action="store_true", help="the traffic run (see --traffic --help)")
     parser.add_argument("--models", nargs="+", default=["gpt2", "minilm"], choices=["minilm", "gpt2"])
     parser.add_argument("--scenarios", nargs="+", default=["batch", "seq"], choices=list(SCENARIOS))
     parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
@@ -204,6 +217,351 @@ def plot(results, combos, contenders):
         ax.set_title(f"{name}: compile time, all shapes")
     fig.tight_layout()
     print("plot:", save_plot(fig, "gears.png"))
+
+
+
+# -- the traffic run ----------------------------------------------------------------------------------------------
+
+TRAFFIC_DOC = """Gears vs dynamic for a serving user: a model served over a stream of requests.
+
+    python benchmarks/gears.py --traffic [--quick] [--traces zipf recorded] [--model minilm] [--seq 16]
+                               [--requests 4000] [--max-batch 64] [--contenders ...] [--threads N]
+
+Each request is one batch of ``--seq`` tokens; its batch size comes from a trace:
+
+* ``zipf``: sizes 1..max-batch drawn independently with P(k) proportional to 1/k (Zipf, exponent 1):
+  a fifth of the requests are batch 1, few are large;
+* ``recorded``: what a dynamic batcher logs over one day: one batch per window, its size the number of
+  requests that arrived in the window (Poisson), at a rate that follows a daily curve (a mean batch of 2
+  at night, 36 at the peak, raised cosine), and bursts (3% of windows, 20 windows each) in which a
+  backlog drains at the maximum batch; every batch has at least one request.
+
+The first half of a trace is the traffic the user recorded; the second half is served. Planning: the
+model is compiled with rewrite and ``dynamic=True`` and run over the first half inside
+``rewrite.gears.recording()``; the same compiled function then measures the latency at each recorded size
+(`measure_latency`, median of 3), and ``plan_gears(rec, latency=..., max_gears=16, max_waste=0.10)`` picks
+the gears. Rows, each in a fresh process (so its memory is its own), all serving the second half:
+
+* ``eager``: the model as it is (reference);
+* ``planned gears``: rewrite with the planned gears, ``gear_fallback="pad"`` (default mode, aten kernels);
+* ``pow2 ladder``: the same with the gears 1, 2, 4, ... up to the largest size (what vLLM-style ladders capture);
+* ``inductor dynamic``: ``torch.compile(dynamic=True)`` (one symbolic graph; Dynamo specializes batch 1);
+* ``inductor per size``: ``torch.compile(dynamic=False)``, one compile per distinct batch size.
+
+Before serving, every contender is called ``exec.tier_up_calls + 2`` times at every distinct size of the
+served half (compiles and tier-ups happen here, as at a server's start), and its output is checked against
+eager's at each size. Columns: throughput (requests/s, and useful rows/s), p50/p99 latency of a request,
+padded work (padded rows / rows run, over the served requests), compile s (the warm-up's wall time minus
+the steady latency of its calls: compiles and tier-up), memory (peak RSS of the process from just before
+the first compile to the end of serving, minus the RSS then: ``VmHWM`` reset through ``/proc/self/clear_refs``),
+and the number of Dynamo graphs. ``--quick`` runs a tiny model over a short trace, to check the run works:
+its timings mean nothing.
+"""
+
+TRAFFIC_CONTENDERS = ["eager", "planned gears", "pow2 ladder", "inductor dynamic", "inductor per size"]
+TRAFFIC_TRACES = ["zipf", "recorded"]
+
+
+def traffic_trace(name: str, n: int, max_batch: int, seed: int = 0) -> list[int]:
+    """``n`` batch sizes in 1..max_batch (see TRAFFIC_DOC)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if name == "zipf":
+        k = np.arange(1, max_batch + 1)
+        p = 1.0 / k
+        return [int(v) for v in rng.choice(k, size=n, p=p / p.sum())]
+    if name == "recorded":
+        t = np.arange(n)
+        night, peak = 2.0 * max_batch / 64, 36.0 * max_batch / 64
+        rate = night + (peak - night) * (1 - np.cos(2 * math.pi * t / n)) / 2
+        sizes = rng.poisson(rate)
+        burst = np.zeros(n, dtype=bool)
+        for start in rng.choice(n, size=max(1, int(0.03 * n / 20)), replace=False):
+            burst[start:start + 20] = True
+        sizes[burst] = max_batch
+        return [int(v) for v in np.clip(sizes, 1, max_batch)]
+    raise ValueError(f"unknown trace {name!r}; choose from {TRAFFIC_TRACES}")
+
+
+def _load(model_name: str):
+    return getattr(models, model_name)()
+
+
+def _vocab(model_name: str) -> int:
+    return VOCAB.get(model_name, 512)
+
+
+def _traffic_inputs(model_name: str, sizes, seq: int) -> dict:
+    return {b: models.token_batch(b, seq, vocab=_vocab(model_name), seed=b) for b in sorted(set(sizes))}
+
+
+def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool):
+    """Record the first half through a dynamic=True rewrite compile; measure its latency per size; plan."""
+    from rewrite.gears import measure_latency, plan_gears, recording
+
+    torch._dynamo.reset()
+    model = _load(model_name)
+    fn = torch.compile(model, backend=rewrite.get_backend(), dynamic=True)
+    inputs = _traffic_inputs(model_name, first_half, seq)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for b in sorted(inputs):  # compile (batch 1 and the symbolic graph) outside the recording
+            fn(inputs[b])
+        with recording() as rec:
+            for b in first_half:
+                fn(inputs[b])
+        latency = measure_latency(fn, inputs.__getitem__, sorted(inputs), repeat=1 if quick else 3, warmup=1)
+    record_s = time.perf_counter() - t0
+    plan = plan_gears(rec, latency=latency, max_gears=16, max_waste=0.10)
+    torch._dynamo.reset()
+    return rec, plan, record_s
+
+
+def _rss_reset() -> int | None:
+    """Reset the process's peak RSS (Linux) and return the RSS now, in bytes; None where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kb("VmRSS") * 1024
+    except OSError:
+        return None
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(field)
+
+
+def traffic_row(spec: dict) -> None:
+    """Serve ``spec['serve']`` with one contender; print its figures as one JSON line."""
+    from torch._dynamo.utils import counters
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    cold_caches()
+    torch._dynamo.config.cache_size_limit = 256
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 256
+    contender, serve, seq = spec["contender"], spec["serve"], spec["seq"]
+    model = _load(spec["model"])
+    inputs = _traffic_inputs(spec["model"], serve, seq)
+    with torch.no_grad():
+        refs = {b: hidden(model(x)) for b, x in inputs.items()}
+    gears = spec.get("gears")
+    config = rewrite.CompilerConfig()
+    warm_calls = config.exec.tier_up_calls + 2
+    rss0 = _rss_reset()
+    order = sorted(inputs, reverse=True)  # the first call at the largest size (where gears trace)
+    if contender == "eager":
+        fn = model
+    elif contender in ("planned gears", "pow2 ladder"):
+        config.inference_config.gear_fallback = "pad"
+        fn = torch.compile(model, backend=rewrite.get_backend(config), fullgraph=True)
+        rewrite.inference.set_dim_gears(inputs[order[0]], {0: list(gears)})
+    elif contender == "inductor dynamic":
+        fn = torch.compile(model, backend="inductor", fullgraph=True, dynamic=True)
+    elif contender == "inductor per size":
+        fn = torch.compile(model, backend="inductor", fullgraph=True, dynamic=False)
+    else:
+        raise ValueError(contender)
+    counters.clear()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for b in order:
+            for _ in range(warm_calls):
+                out = fn(inputs[b])
+            torch.testing.assert_close(hidden(out), refs[b], rtol=2e-4, atol=2e-4)
+    warm_s = time.perf_counter() - t0
+    latencies = []
+    with torch.no_grad():
+        start = time.perf_counter()
+        for b in serve:
+            t1 = time.perf_counter()
+            fn(inputs[b])
+            latencies.append(time.perf_counter() - t1)
+        total = time.perf_counter() - start
+    per_size: dict = {}
+    for b, dt in zip(serve, latencies):
+        per_size.setdefault(b, []).append(dt)
+    steady = sum(warm_calls * statistics.median(per_size[b]) for b in order)
+    rss_peak = _status_kb("VmHWM") * 1024 if rss0 is not None else None
+    run = [min(g for g in gears if g >= b) for b in serve] if gears else list(serve)
+    lat_sorted = sorted(latencies)
+    row = dict(contender=contender, gears=gears, requests=len(serve), seconds=total,
+               throughput=len(serve) / total, rows_per_s=sum(serve) / total,
+               p50=lat_sorted[len(lat_sorted) // 2], p99=lat_sorted[min(len(lat_sorted) - 1, int(0.99 * len(lat_sorted)))],
+               padded=(sum(run) - sum(serve)) / sum(run), compile_s=0.0 if contender == "eager" else max(0.0, warm_s - steady),
+               memory=None if rss0 is None else max(0, rss_peak - rss0),
+               graphs=0 if contender == "eager" else counters["stats"]["unique_graphs"])
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def traffic_main():
+    from rewrite.gears import evaluate_gears, power_of_two_ladder
+
+    parser = argparse.ArgumentParser(description=TRAFFIC_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traffic", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a tiny model over a short trace: checks the run works")
+    parser.add_argument("--traces", nargs="+", default=TRAFFIC_TRACES, choices=TRAFFIC_TRACES)
+    parser.add_argument("--model", default=None, choices=["minilm", "gpt2", "bert"])
+    parser.add_argument("--seq", type=int, default=None)
+    parser.add_argument("--requests", type=int, default=None, help="requests per trace (half planned, half served)")
+    parser.add_argument("--max-batch", type=int, default=None)
+    parser.add_argument("--contenders", nargs="+", default=TRAFFIC_CONTENDERS, choices=TRAFFIC_CONTENDERS)
+    parser.add_argument("--threads", type=int, default=None)
+    opts = parser.parse_args()
+    quick = opts.quick
+    model_name = opts.model or ("bert" if quick else "minilm")
+    seq = opts.seq or (8 if quick else 16)
+    n = opts.requests or (160 if quick else 4000)
+    max_batch = opts.max_batch or (8 if quick else 64)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    torch._inductor.config.fx_graph_cache = False
+    results, done = {}, []
+    for trace in opts.traces:
+        sizes = traffic_trace(trace, n, max_batch, seed=0)
+        first, second = sizes[: n // 2], sizes[n // 2:]
+        print(f"[{trace}] recording {len(first)} requests through rewrite dynamic=True and planning ...", flush=True)
+        rec, plan, record_s = plan_from_recording(model_name, seq, first, quick)
+        print(rec, flush=True)
+        print(plan, flush=True)
+        ladder = power_of_two_ladder(max(sizes))
+        served_plan = evaluate_gears(second, plan.gears)  # rows padded on the served half, predicted
+        info = dict(plan=plan, ladder=ladder, record_s=record_s, first=first, second=second,
+                    served_padded=served_plan.padded_rows)
+        rows = {}
+        for c in opts.contenders:
+            gears = plan.gears if c == "planned gears" else ladder if c == "pow2 ladder" else None
+            if gears is not None and max(gears) < max(second):
+                gears = sorted(set(gears) | {max(second)})  # the served half reaches further than the planned one
+            spec = dict(contender=c, model=model_name, seq=seq, serve=second, gears=gears, threads=opts.threads)
+            print(f"[{trace}] {c} ...", flush=True)
+            rows[c] = _run_row(spec)
+            print(f"    {json.dumps({k: v for k, v in rows[c].items() if k != 'gears'})}", flush=True)
+        results[trace] = (info, rows)
+        done.append(trace)
+        text = traffic_report(results, done, opts.contenders, model_name, seq, n, max_batch)
+        print(text, flush=True)
+        traffic_plot(results, done, opts.contenders, quick)
+        if quick:
+            print("(--quick: not recorded in RESULTS.md; its timings mean nothing)")
+            continue
+        command = "python benchmarks/gears.py " + " ".join(sys.argv[1:])
+        record_section("gears_traffic", f"## Gears vs dynamic on traffic\n\n`{command.strip()}`\n\n{machine_line()}\n\n"
+                                        f"{text}\n\n![gears on traffic](gears_traffic.png)")
+
+
+def _run_row(spec: dict) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--traffic-row", json.dumps(spec)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("ROW "):
+            return json.loads(line[4:])
+    tail = (done.stdout + done.stderr)[-3000:]
+    raise RuntimeError(f"contender {spec['contender']} failed (exit {done.returncode}):\n{tail}")
+
+
+def traffic_report(results, done, contenders, model_name, seq, n, max_batch) -> str:
+    parts = [f"{model_name}, sequence {seq}, {n} requests per trace (first half recorded and planned on, second "
+             f"half served), batch 1..{max_batch}. Compile s: warm-up wall time minus its calls' steady latency "
+             f"(compiles and tier-up). Memory: peak RSS from the first compile to the end of serving, minus the "
+             f"RSS then (each row in a fresh process)."]
+    for trace in done:
+        info, rows = results[trace]
+        plan = info["plan"]
+        parts.append(f"### {trace} trace\n\nplanned gears {plan.gears} ({len(plan.gears)}; predicted waste "
+                     f"{plan.expected_waste:.1%} of the time, {plan.padded_rows:.1%} of the rows on the recorded half; "
+                     f"recording + latency measurement {info['record_s']:.1f} s); pow2 ladder {info['ladder']}")
+        headers = ["contender", "gears", "req/s", "rows/s", "p50 ms", "p99 ms", "padded work", "compile s",
+                   "peak RSS MB", "Dynamo graphs"]
+        table = []
+        for c in contenders:
+            r = rows.get(c)
+            if r is None:
+                continue
+            table.append([c, len(r["gears"]) if r["gears"] else "-", f"{r['throughput']:.1f}", f"{r['rows_per_s']:.0f}",
+                          f"{r['p50'] * 1e3:.2f}", f"{r['p99'] * 1e3:.2f}", f"{r['padded']:.1%}",
+                          "-" if c == "eager" else f"{r['compile_s']:.1f}",
+                          "-" if r["memory"] is None else f"{r['memory'] / 2**20:.0f}", r["graphs"]])
+        parts.append(markdown_table(headers, table))
+        parts.append(traffic_verdict(rows))
+    return "\n\n".join(p for p in parts if p)
+
+
+def traffic_verdict(rows) -> str:
+    """The issue's target: planned gears beat the ladder in throughput and pad at most 10% where it pads more."""
+    plan, ladder = rows.get("planned gears"), rows.get("pow2 ladder")
+    if plan is None or ladder is None:
+        return ""
+    lines = [f"- planned gears vs pow2 ladder: {plan['throughput'] / ladder['throughput']:.2f}x the throughput "
+             f"(target > 1), padded work {plan['padded']:.1%} vs {ladder['padded']:.1%} (target <= 10% where the "
+             f"ladder pads more)"]
+    for c in ("inductor dynamic", "inductor per size"):
+        r = rows.get(c)
+        if r is not None:
+            lines.append(f"- planned gears vs {c}: {plan['throughput'] / r['throughput']:.2f}x the throughput, "
+                         f"p99 {plan['p99'] / r['p99']:.2f}x, compile {plan['compile_s']:.1f} s vs {r['compile_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def traffic_plot(results, done, contenders, quick: bool = False):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(done), 4, figsize=(18, 3.8 * len(done)), squeeze=False)
+    for row, trace in enumerate(done):
+        info, rows = results[trace]
+        ax = axes[row][0]
+        sizes = info["second"]
+        top = max(sizes)
+        ax.hist(sizes, bins=range(1, top + 2), color="0.6", align="left")
+        for g in info["plan"].gears:
+            ax.axvline(g, color="tab:green", lw=1.2)
+        for g in info["ladder"]:
+            ax.axvline(g, color="tab:red", lw=1, ls="--")
+        ax.set_xlabel("batch size (green: planned gears, red dashed: pow2 ladder)")
+        ax.set_ylabel("requests")
+        ax.set_title(f"{trace}: served traffic")
+        names = [c for c in contenders if c in rows]
+        xs = range(len(names))
+        labels = [c.replace(" ", "\n", 1) for c in names]
+        ax = axes[row][1]
+        ax.bar(xs, [rows[c]["throughput"] for c in names], color="tab:blue")
+        for x, c in zip(xs, names):
+            if rows[c]["padded"]:
+                ax.annotate(f"pad {rows[c]['padded']:.0%}", (x, rows[c]["throughput"]), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_ylabel("requests / s")
+        ax.set_title(f"{trace}: throughput")
+        ax = axes[row][2]
+        w = 0.4
+        ax.bar([x - w / 2 for x in xs], [rows[c]["p50"] * 1e3 for c in names], w, label="p50")
+        ax.bar([x + w / 2 for x in xs], [rows[c]["p99"] * 1e3 for c in names], w, label="p99")
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_ylabel("ms per request")
+        ax.set_title(f"{trace}: latency")
+        ax.legend(fontsize=7)
+        ax = axes[row][3]
+        compiled = [c for c in names if c != "eager"]
+        ax.bar(range(len(compiled)), [rows[c]["compile_s"] for c in compiled], color="tab:orange")
+        ax.set_xticks(range(len(compiled)), [c.replace(" ", "\n", 1) for c in compiled], fontsize=7)
+        ax.set_ylabel("compile s (incl. tier-up)")
+        ax.set_title(f"{trace}: compile time")
+    fig.tight_layout()
+    if quick:  # its timings mean nothing: kept out of the committed plots
+        os.makedirs(OUT_DIR, exist_ok=True)
+        path = os.path.join(OUT_DIR, "gears_traffic_quick.png")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        print("plot:", path)
+    else:
+        print("plot:", save_plot(fig, "gears_traffic.png"))
 
 
 if __name__ == "__main__":

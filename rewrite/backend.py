@@ -37,7 +37,7 @@ from .report import CompileReport
 from .scope import annotate_streams
 from .shape.size_inputs import read_sizes_from_tensors
 from .subclasses import flatten_inputs
-from .unit import CompileUnit
+from .unit import CompileUnit, Origin
 from .user_passes import run_post_pass, run_pre_pass
 
 log = logging.getLogger("rewrite")
@@ -115,9 +115,14 @@ class RewriteBackend:
             in_place = [k for k, i in enumerate(origin) if i in steady and isinstance(graph_inputs[k], torch.Tensor)]
             gear_spec = _renumber_gears(gear_spec, origin, graph_inputs)
 
-        def unit(kind: str, weights: tuple = ()) -> CompileUnit:
+        # How recordings of the traffic name this graph's dims (rewrite.gears.recording).
+        origin = Origin(f"{frame.name} ({frame.where})" if frame is not None else "", tuple(names) if flat is None else (),
+                        not torch._dynamo.config.assume_static_by_default)
+
+        def unit(kind: str, weights: tuple = (), same_inputs: bool = True) -> CompileUnit:
+            here = origin if same_inputs else dataclasses.replace(origin, input_names=())
             with self._lock:
-                return CompileUnit.for_aot_graph(number, kind, self.config, self.report, weights, self.ledger)
+                return CompileUnit.for_aot_graph(number, kind, self.config, self.report, weights, here, self.ledger)
 
         direct: dict = {}  # the inference graph called without AOTAutograd's wrapper, where it would do nothing
 
@@ -129,7 +134,7 @@ class RewriteBackend:
                     frozen = {i: graph_inputs[i] for i in weights}
                 else:
                     log.info("graph %d: cannot freeze weights (AOT changed the inputs); kept as inputs", number)
-            fw = unit(kind, tuple(in_place) if same_inputs else ())
+            fw = unit(kind, tuple(in_place) if same_inputs else (), same_inputs)
             # AOTAutograd calls compilers under its fake mode; frozen weights are real tensors that
             # passes (folding) compute with, so compile outside it.
             with torch._subclasses.fake_tensor.unset_fake_temporarily():

@@ -5,7 +5,8 @@ A compiled model (`rewrite.backend`) and a loaded export or ``cache_compile`` en
 execution policy (`rewrite.policy`) picks the program (`exec.program_for`), a graph with size
 symbols becomes one static graph per gear (`gears.compile_dynamic`), each static graph is built
 by `exec.build_executable`, and the program then builds what its gears share (static kernels)
-in one go.
+in one go. A graph's dynamic dims are recorded by `gears.traffic` while a recording is open (its
+dispatcher, or a wrapper around a graph without gears).
 
 The driver hands the stages below it what they need instead of their reaching up for it: gears get
 the optimizer to re-optimize each gear's static graph with (`Stages.optimize_gear`, whose counts land
@@ -67,6 +68,8 @@ def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs:
     if graph.is_static() or gear_spec is None:
         with unit.report.stage("codegen"):
             fn = build_static(graph)
+        # Sizes of its dynamic dims go to `rewrite.gears.recording` while one is open (fn itself if none).
+        fn = rgears.traffic.recorded(fn, graph, unit)
     else:
         fn = rgears.compile_dynamic(graph, gear_spec, unit, build_static, stages, gear_graphs=gear_graphs)
     if program is not None:

@@ -22,9 +22,19 @@ from .ledger import Ledger
 from .policy import ExecutionPolicy, resolve_policy
 from .report import CompileReport, GraphReport
 
-__all__ = ["CompileUnit", "KINDS", "as_unit"]
+__all__ = ["CompileUnit", "Origin", "KINDS", "as_unit"]
 
 KINDS = ("forward", "backward", "inference")
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """What the user calls the code a graph was traced from: how recordings of the traffic
+    (`rewrite.gears.recording`) name what they count."""
+
+    function: str = ""  # "forward (model.py:12)"; "" unknown
+    input_names: tuple = ()  # Dynamo's source name of each graph input (``L['x']``); () when they do not align
+    dynamic: bool = False  # traced with ``dynamic=True``: a size-0/1 dim of an input was specialized, not static
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +47,7 @@ class CompileUnit:
     # indices of graph inputs that stay in place across calls: the model's parameters and buffers, and tensors
     # marked with torch._dynamo.mark_static_address (a static KV cache); CUDA graphs read them where they are
     weights: tuple = ()
+    origin: Origin | None = None  # the user's function and input names (None: a graph built outside the backend)
     # the slow-path counts of the compiled function the unit belongs to (rewrite.ledger): shared by its units
     ledger: Ledger | None = dataclasses.field(default=None, compare=False)
     policy: ExecutionPolicy = dataclasses.field(init=False, compare=False)  # how its graphs run, from config and kind
@@ -52,10 +63,11 @@ class CompileUnit:
 
     @classmethod
     def for_aot_graph(cls, number: int, kind: str, config: CompilerConfig, reports: CompileReport,
-                      weights: tuple = (), ledger: Ledger | None = None) -> "CompileUnit":
+                      weights: tuple = (), origin: Origin | None = None,
+                      ledger: Ledger | None = None) -> "CompileUnit":
         """The backend's unit for AOT graph ``kind`` of Dynamo graph ``number``, with a new report in ``reports``."""
         name = f"g{number}_{kind}"
-        return cls(name, number, kind, config, reports.new_graph(name), tuple(weights), ledger)
+        return cls(name, number, kind, config, reports.new_graph(name), tuple(weights), origin, ledger)
 
     @classmethod
     def detached(cls, name: str, config: CompilerConfig, report: GraphReport | None = None,

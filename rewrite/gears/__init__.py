@@ -5,14 +5,19 @@ is compiled; ``compile_dynamic`` (compile) substitutes each gear into the optimi
 (``trace_conflicts`` says which gears the trace can serve) and builds a dispatcher (dispatch) that
 picks the static graph by input shape, with optional padding (padding) for shapes between gears.
 ``size_oblivious`` owns the torch flag ``set_dim_gears`` turns on until the geared graph first runs.
+Which gears to declare: ``recording`` (traffic) counts the sizes compiled functions are called with, and
+``plan_gears`` (planner) picks the gears that serve that traffic with the least padded work.
 """
 from __future__ import annotations
 
 from .compile import bind_gears, compile_dynamic, concretize, trace_conflicts
 from .dispatch import GearDispatcher
+from .planner import GearPlan, evaluate_gears, measure_latency, plan_gears, power_of_two_ladder
+from .traffic import Recording, Stream, recording
 from .spec import (MAX_GEARS, GearError, GearSpec, collect_gear_specs, get_dim_gears, merge_gears,
                    restore_size_oblivious, set_dim_gears, size_oblivious)
 
 __all__ = ["set_dim_gears", "get_dim_gears", "collect_gear_specs", "compile_dynamic", "merge_gears", "bind_gears",
            "concretize", "trace_conflicts", "GearDispatcher", "GearError", "GearSpec", "MAX_GEARS",
-           "size_oblivious", "restore_size_oblivious"]
+           "size_oblivious", "restore_size_oblivious", "plan_gears", "evaluate_gears", "measure_latency",
+           "power_of_two_ladder", "GearPlan", "recording", "Recording", "Stream"]

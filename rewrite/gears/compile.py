@@ -19,6 +19,7 @@ from ..fx_bridge import argument_path
 from ..ir import Graph, TensorMeta
 from ..unit import CompileUnit
 from .dispatch import GearDispatcher, GearSymbol
+from .traffic import function_name, register_symbolic
 from .spec import GearError, GearSpec, retrace_at_own_sizes
 
 log = logging.getLogger("rewrite")
@@ -317,4 +318,6 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
         padder, refusal = plan_padding(graph, symbols)
         if refusal:
             log.warning("gears: graph %d cannot pad shapes outside the gears: %s", number, refusal)
-    return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal)
+    function = function_name(unit)
+    register_symbolic(function, [s.label for s in symbols])
+    return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal, function=function)

@@ -12,6 +12,8 @@ import logging
 import operator
 from typing import Callable
 
+from . import traffic as _recording
+
 log = logging.getLogger("rewrite")
 
 __all__ = ["GearSymbol", "GearDispatcher", "not_a_gear"]
@@ -38,7 +40,8 @@ class GearDispatcher:
     """The callable a geared graph compiles to: ``fn(*inputs) -> outputs``."""
 
     def __init__(self, symbols: list[GearSymbol], table: dict, fallback: str,
-                 dynamic_fn: Callable | None = None, padder=None, pad_refusal: str | None = None):
+                 dynamic_fn: Callable | None = None, padder=None, pad_refusal: str | None = None,
+                 function: str = ""):
         self.symbols = symbols
         self.table = table  # key (tuple of ints) -> compiled static graph
         self.fallback = fallback
@@ -48,6 +51,8 @@ class GearDispatcher:
         self._readers = [s.reader() for s in symbols]
         self._misses: dict = {}  # key -> callable that serves it (padded runs)
         self._first_call = True
+        # what `rewrite.gears.recording` counts each call's key under: the function and each symbol's dim
+        self.streams = tuple(_recording.Stream(function, s.label) for s in symbols)
 
     @property
     def gears(self) -> list[tuple]:
@@ -63,6 +68,9 @@ class GearDispatcher:
             size_oblivious.restore()
             self._first_call = False
         key = tuple(read(args) for read in self._readers)
+        recs = _recording.active
+        if recs is not None:
+            _recording.note(recs, self.streams, key)
         fn = self.table.get(key)
         if fn is None:
             fn = self._misses.get(key) or self._miss(key)
