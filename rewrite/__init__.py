@@ -65,6 +65,11 @@ def __getattr__(name):
         module = importlib.import_module(module_name)
         value = module if attr is None else getattr(module, attr)
         globals()[name] = value
+        # Importing rewrite.explain binds the package's `explain` to the module; the function named like its
+        # module is what the package promises (rewrite.stats lives in that module too).
+        for other, (other_module, other_attr) in _LAZY.items():
+            if other_module == f"rewrite.{other}" and other_attr is not None and other_module == module_name:
+                globals()[other] = getattr(module, other_attr)
         return value
     # Any other submodule (rewrite.backend, rewrite.ir, ...) is reachable as an attribute too.
     try:

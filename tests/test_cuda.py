@@ -356,3 +356,20 @@ def test_generate_with_compile_config_backend_rewrite_gives_eager_tokens():
     model.generation_config.compile_config = CompileConfig(backend="rewrite")  # transformers' door for a backend
     for _ in range(2):
         assert torch.equal(generate(), want)
+
+
+def test_gears_past_the_capture_limit_run_uncaptured_counted_and_strict_raises():
+    model = _on_cuda(models.bert())
+    for strict in (False, True):
+        config = rewrite.CompilerConfig(mode="reduce-overhead", strict=strict)
+        config.debug.aclgraph.static_capture_size_limit = 2
+        compiled, backend = _compile(model, config)
+        ids = _ids(GEARS[-1])
+        rewrite.inference.set_dim_gears(ids, {0: GEARS})
+        _check(compiled, model, ids)  # captures the two largest gears; the smallest is past the limit
+        if strict:
+            with pytest.raises(rewrite.SlowPathError, match="without its CUDA graph"):
+                _check(compiled, model, _ids(GEARS[0]))
+        else:
+            _check(compiled, model, _ids(GEARS[0]))
+            assert rewrite.stats(compiled).uncaptured == 1

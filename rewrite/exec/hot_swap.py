@@ -55,10 +55,10 @@ class HotSwapGear:
         self.calls += 1
         if self._future is None and self.calls > 1:
             self._start()
-        if self.cold_calls > 0:
-            self.cold_calls -= 1  # not atomic: concurrent callers may run a few more cold calls, never fewer
+        if self.cold_calls > 0 or self._future is None:  # a cold call, or the first: no build asked for yet
+            self.cold_calls = max(self.cold_calls - 1, 0)  # not atomic: a few more cold calls, never fewer
             return self.cold(*args)
-        if self._future is None or not self._future.done():
+        if not self._future.done():
             self.pending_calls += 1
             if self._ledger is not None:
                 self._ledger.slow("tier_up_pending", f"graph {self.name}: its kernels are still being built; the "

@@ -320,4 +320,4 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
             log.warning("gears: graph %d cannot pad shapes outside the gears: %s", number, refusal)
     function = function_name(unit)
     register_symbolic(function, [s.label for s in symbols])
-    return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal, function=function)
+    return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal, function=function, ledger=unit.ledger)

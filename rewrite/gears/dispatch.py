@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import operator
 from typing import Callable
 
@@ -41,7 +42,7 @@ class GearDispatcher:
 
     def __init__(self, symbols: list[GearSymbol], table: dict, fallback: str,
                  dynamic_fn: Callable | None = None, padder=None, pad_refusal: str | None = None,
-                 function: str = ""):
+                 function: str = "", ledger=None):
         self.symbols = symbols
         self.table = table  # key (tuple of ints) -> compiled static graph
         self.fallback = fallback
@@ -49,7 +50,8 @@ class GearDispatcher:
         self.padder = padder  # gears.padding.Padder, when padding was proven safe
         self.pad_refusal = pad_refusal  # why padding is not allowed, for the error
         self._readers = [s.reader() for s in symbols]
-        self._misses: dict = {}  # key -> callable that serves it (padded runs)
+        self._misses: dict = {}  # key -> (slow path, callable that serves it, padded elements): padded runs
+        self.ledger = ledger  # rewrite.ledger.Ledger: calls per gear, and every call no gear serves
         self._first_call = True
         # what `rewrite.gears.recording` counts each call's key under: the function and each symbol's dim
         self.streams = tuple(_recording.Stream(function, s.label) for s in symbols)
@@ -73,14 +75,29 @@ class GearDispatcher:
             _recording.note(recs, self.streams, key)
         fn = self.table.get(key)
         if fn is None:
-            fn = self._misses.get(key) or self._miss(key)
+            return self._serve_miss(key, args)
+        if self.ledger is not None:
+            self.ledger.served(key)
         return fn(*args)
 
-    def _miss(self, key: tuple) -> Callable:
+    def _serve_miss(self, key: tuple, args):
+        """A call whose sizes are no gear: the fallback serves it, and the ledger counts it (strict: raises)."""
+        kind, fn, padded = self._misses.get(key) or self._miss(key)
+        if self.ledger is not None:
+            if kind == "pads":
+                self.ledger.slow("pads", f"{self._describe(key)} was padded by {padded} elements to a gear",
+                                 "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)",
+                                 padded_rows=padded)
+            else:
+                self.ledger.slow("dynamic_fallbacks", f"{self._describe(key)} is no gear; the symbolic graph ran",
+                                 "add a gear for this size, or gear_fallback='pad' to run the nearest larger gear")
+        return fn(*args)
+
+    def _miss(self, key: tuple) -> tuple:
         from .spec import GearError
 
         if self.fallback == "dynamic" and self.dynamic_fn is not None:
-            return self.dynamic_fn
+            return "dynamic_fallbacks", self.dynamic_fn, 0
         if self.fallback == "pad":
             if self.padder is not None:
                 target = self._smallest_larger(key)
@@ -90,8 +107,8 @@ class GearDispatcher:
                         fn = self.padder.make(key, target, self.table[target])
                     except GearError as e:  # known only now, with the sizes: say it as every refusal does
                         raise self._error(key, f"and padding is not possible: {e}") from None
-                    self._misses[key] = fn
-                    return fn
+                    entry = self._misses[key] = ("pads", fn, math.prod(target) - math.prod(key))
+                    return entry
                 raise self._error(key, "and no gear is larger in every padded dimension")
             raise self._error(key, f"and padding is not possible: {self.pad_refusal}")
         raise self._error(key, "")
