@@ -227,14 +227,11 @@ def offered_runs(unit: CompileUnit) -> list:
     rulesets, minus what ``config.rules.disabled`` names and what the unit's policy leaves out."""
     config = unit.config
     runs = library_runs() + [(rs, rs.iterations) for rs in check_user_rulesets(config.rules.extra)]
+    iterations = {rs.name: k for rs, k in runs}  # a copy without some rules (`without`) keeps its original's count
+    kept = without([rs for rs, _ in runs], config.rules.disabled)  # checks every name against everything there is
     if unit.policy.static_kernels:
-        runs = [(rs, k) for rs, k in runs if rs.name not in SCHEDULE.saturation.aten_code_only]
-    kept = {id(rs): k for rs, k in runs}
-    by_name = {rs.name: k for rs, k in runs}
-    # `without` keeps object identity (the e-graph engine is cached per ruleset object); a copy without some
-    # rules keeps its original's iterations.
-    return [(rs, kept.get(id(rs), by_name.get(rs.name, rs.iterations)))
-            for rs in without([rs for rs, _ in runs], config.rules.disabled)]
+        kept = [rs for rs in kept if rs.name not in SCHEDULE.saturation.aten_code_only]
+    return [(rs, iterations[rs.name]) for rs in kept]
 
 
 def _optimize(graph: Graph, unit: CompileUnit) -> Graph:

@@ -31,9 +31,17 @@ __all__ = ["build_callable", "Stages"]
 
 @dataclasses.dataclass(frozen=True)
 class Stages:
-    """What the driver hands the stages of one unit: how a gear's graph is optimized, and where dumps go."""
+    """What the driver hands the stages of one unit: how a gear's graph is optimized, where dumps go, and
+    whom to tell once every static graph of the unit is made (the program predicts their shared memory)."""
 
     unit: CompileUnit
+    program: object = None  # exec.PlannedProgram, when the unit's policy plans graphs
+
+    def gears_made(self, graphs: list) -> None:
+        """Every static graph (gear) of the unit is made and none is built yet: the memory they will share is
+        predicted now, from their metas (`exec.memory.PoolMemory`, in the unit's report)."""
+        if self.program is not None:
+            self.program.predict_memory(graphs)
 
     def dump(self, graph: Graph, stage: str, source: str | None = None) -> None:
         """Write ``graph`` at stage boundary ``stage`` when ``config.debug.graph_dump`` asks for it."""
@@ -58,7 +66,7 @@ def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs:
     ``gear_graphs`` (gear key -> optimized static graph): the compile cache's hook, see `gears.compile_dynamic`.
     """
     program = rexec.program_for(unit)
-    stages = Stages(unit)
+    stages = Stages(unit, program)
 
     def build_static(g: Graph):
         # the py dump of a multi-stream graph shows the code the scheduler generated per stream, waits included
@@ -66,6 +74,8 @@ def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs:
                                       show_code=lambda source: stages.dump(g, "streams", source))
 
     if graph.is_static() or gear_spec is None:
+        if graph.is_static():
+            stages.gears_made([graph])
         with unit.report.stage("codegen"):
             fn = build_static(graph)
         # Sizes of its dynamic dims go to `rewrite.gears.recording` while one is open (fn itself if none).

@@ -17,7 +17,7 @@ import torch
 
 from .. import exec as rexec
 from .. import inference as _inference
-from ..backend import RewriteBackend
+from ..backend import RewriteBackend, backend_of_this_compile
 from ..config import CompilerConfig
 
 

@@ -46,7 +46,6 @@ stream waits for it). CI has no GPU; tests/test_cuda.py runs these paths where t
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 
@@ -54,7 +53,7 @@ import torch
 
 from .. import ops
 from ..ir import Graph, TensorMeta
-from .memory import output_bytes, predict_peak_bytes
+from .memory import PoolMemory, predict_peak_bytes
 from .plan import mutated_inputs
 from .stream_cuda import record_stream
 
@@ -67,33 +66,6 @@ MAX_FAILED_CAPTURES = 3  # failed captures of one gear before it runs uncaptured
 # Captures of the whole process take turns: two at once, or one begun while another is under way,
 # invalidate each other (`torch.cuda.graph` synchronizes the device when it begins a capture).
 _CAPTURE_LOCK = threading.RLock()
-
-
-@dataclasses.dataclass
-class PoolMemory:
-    """The memory all CUDA graphs of one compiled function hold in their shared pool, predicted from
-    the gears' metas before the first capture (`predict`) and read from the allocator after it.
-
-    ``largest``: the largest gear alone (its peak of live values, outputs included); ``predicted``:
-    all gears together: the largest's peak plus every other gear's outputs, which stay in the pool
-    for the next replay (their other values reuse what the largest freed: captures go largest first).
-    Both are upper bounds where Inductor's kernels fuse values away. ``allocated``: the bytes the pool
-    holds once the gears are captured (None until then); ``input_buffers``: the copied inputs' buffers,
-    outside the pool, each the size the largest gear needs."""
-
-    gears: int = 0
-    largest: int = 0
-    predicted: int = 0
-    allocated: int | None = None
-    input_buffers: int = 0
-
-    def __str__(self) -> str:
-        mib = 1 << 20
-        text = (f"CUDA graph pool of {self.gears} gear(s): predicted {self.predicted / mib:.1f} MiB "
-                f"({self.predicted / max(self.largest, 1):.2f}x the largest gear's {self.largest / mib:.1f} MiB)")
-        if self.allocated is not None:
-            text += f"; allocated {self.allocated / mib:.1f} MiB"
-        return text + f"; input buffers {self.input_buffers / mib:.1f} MiB"
 
 
 def _pool_bytes(device: torch.device, pool) -> int:
@@ -119,7 +91,7 @@ class CudaGraphs:
         self.captured = 0
         self.lock = threading.Lock()  # one call at a time: gears share the pool and the input buffers
         self.gears: list[CapturedGear] = []
-        self.memory = PoolMemory()
+        self.memory = PoolMemory("CUDA graph pool")
         if report is not None:
             report.memory = self.memory  # `rewrite.explain` shows it; filled in when the gears are captured
         self._buffers: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # (input index, dtype) -> flat buffer
@@ -156,11 +128,10 @@ class CudaGraphs:
             self.memory.input_buffers = sum(b.numel() * b.element_size() for b in self._buffers.values())
         return buf[:like.numel()].view(like.shape)
 
-    def _predict(self, gears: list["CapturedGear"]) -> None:
-        largest = max(gears, key=lambda g: g.peak)
-        self.memory.gears = len(gears)
-        self.memory.largest = largest.peak
-        self.memory.predicted = largest.peak + sum(output_bytes(g.graph) for g in gears if g is not largest)
+    def predict(self, graphs: list[Graph]) -> None:
+        """Predict the pool of these gears (all of the function's, made and not yet built) from their metas."""
+        p = PoolMemory.predicted_for(graphs, self.memory.where)
+        self.memory.gears, self.memory.largest, self.memory.predicted = p.gears, p.largest, p.predicted
         log.info("cuda graphs: %s", self.memory)
 
     # -- capture --------------------------------------------------------------------------------------------
@@ -189,7 +160,8 @@ class CudaGraphs:
                 examples[id(g)] = inputs
             if self.memory.allocated is None:
                 self._size_buffers([g.graph for g in self.gears])
-                self._predict([g for g in self.gears if not g.refused])
+                if not self.memory.gears:  # gears built one by one (the default mode's tier-up): predicted now
+                    self.predict([g.graph for g in self.gears if not g.refused])
             for g in sorted(todo, key=lambda g: -g.peak):
                 g.capture(examples[id(g)])
             self.memory.allocated = _pool_bytes(self.device, self.pool)

@@ -14,6 +14,7 @@ made once per arena, not per call.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import operator
 import threading
@@ -23,7 +24,7 @@ import torch
 from .. import ops
 from ..ir import Graph, Node, TensorMeta, iter_metas
 
-__all__ = ["ALIGN", "assign_offsets", "Arena", "ArenaPool", "predict_peak_bytes", "output_bytes"]
+__all__ = ["ALIGN", "assign_offsets", "Arena", "ArenaPool", "predict_peak_bytes", "output_bytes", "PoolMemory"]
 
 # Every buffer starts on a 64-byte boundary: a cache line, and enough for any dtype and AVX-512 loads.
 ALIGN = 64
@@ -165,3 +166,45 @@ def predict_peak_bytes(graph: Graph) -> int:
             if o in size and o not in kept and last_read[o] == step:
                 live -= size.pop(o)
     return peak
+
+
+@dataclasses.dataclass
+class PoolMemory:
+    """The memory all gears of one compiled function share, predicted from their metas before any gear is built
+    and, once they are, what was allocated; `rewrite.explain` prints it as the graph's ``memory:`` line.
+
+    ``where``: "CPU arena" (one arena as large as the largest gear's plan serves every gear; a concurrent caller
+    gets an arena of its own) or "CUDA graph pool" (one pool for every gear's CUDA graph, captured largest first,
+    so the smaller gears reuse what the largest freed; each gear's outputs stay in it for the next replay).
+    ``largest``: the largest gear alone (its peak of live values, `predict_peak_bytes`); ``predicted``: all gears
+    together (CPU: the largest; CUDA: the largest plus every other gear's outputs). Both are upper bounds where
+    kernels fuse values away. ``allocated``: what the arena or pool holds once the gears are built (None until
+    then); ``input_buffers``: CUDA's copied inputs, outside the pool, each as large as the largest gear needs."""
+
+    where: str
+    gears: int = 0
+    largest: int = 0
+    predicted: int = 0
+    allocated: int | None = None
+    input_buffers: int = 0
+
+    @classmethod
+    def predicted_for(cls, graphs: list, where: str) -> "PoolMemory":
+        peaks = [predict_peak_bytes(g) for g in graphs]
+        if not peaks:
+            return cls(where)
+        k = max(range(len(peaks)), key=peaks.__getitem__)
+        predicted = peaks[k]
+        if where == "CUDA graph pool":
+            predicted += sum(output_bytes(g) for i, g in enumerate(graphs) if i != k)
+        return cls(where, len(graphs), peaks[k], predicted)
+
+    def __str__(self) -> str:
+        mib = 1 << 20
+        text = (f"{self.where} of {self.gears} gear(s): predicted {self.predicted / mib:.2f} MiB "
+                f"({self.predicted / max(self.largest, 1):.2f}x the largest gear's {self.largest / mib:.2f} MiB)")
+        if self.allocated is not None:
+            text += f"; allocated {self.allocated / mib:.2f} MiB"
+        if self.input_buffers:
+            text += f"; input buffers {self.input_buffers / mib:.2f} MiB"
+        return text

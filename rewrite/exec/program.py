@@ -40,7 +40,7 @@ import torch
 from .. import ops
 from ..ir import Graph, Node, TensorMeta, is_side_effect, iter_metas
 from ..unit import CompileUnit
-from .memory import ArenaPool
+from .memory import ArenaPool, PoolMemory
 from .observe import observe, synthesize_inputs
 from .plan import describe, make_plan, mutated_inputs, unplannable, written_args
 from .planned import PlannedExecutable
@@ -151,6 +151,7 @@ class PlannedProgram:
         self.kernels = None  # rewrite.kernels.StaticKernels, made on the first CPU gear
         self.cuda = None  # cuda_graphs.CudaGraphs, made on the first CUDA gear
         self.hot_swaps: list = []  # the default mode's CUDA gears (hot_swap.HotSwapGear)
+        self.memory: PoolMemory | None = None  # the CPU arena's prediction and size (CUDA: self.cuda.memory)
         self.static_kernels = self.policy.static_kernels  # turned off when a tier-up cannot have them
         self.lock = threading.Lock()
 
@@ -291,6 +292,20 @@ class PlannedProgram:
         for gear in gears:
             gear.run = PlannedExecutable(gear.graph, gear.plan, self.pool, self.kernels, gear.fallback,
                                          self.unit.ledger)
+        if self.memory is not None:
+            self.memory.allocated = self.pool.nbytes  # the arena every gear planned so far draws from
+
+    def predict_memory(self, graphs: list[Graph]) -> None:
+        """The gears' shared memory, predicted from their metas now that all are made and none is built."""
+        static = [g for g in graphs if g.is_static()]
+        if not static:
+            return
+        device = device_of(static[0])
+        if device.type == "cuda":
+            self._cuda_graphs(device).predict(static)
+        elif device.type == "cpu":
+            self.memory = PoolMemory.predicted_for(static, "CPU arena")
+            self.unit.report.memory = self.memory
 
     def is_tiering_gear(self, fn) -> bool:
         """Whether ``fn`` (from `executable`) is a gear that tiers up after its cold calls."""

@@ -285,6 +285,7 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
     table: dict = {}
     verbose = logging.INFO if len(gears) >= _PROGRESS_FROM else logging.DEBUG
     with report.stage("gears"):
+        statics: dict = {}  # gear key -> its static graph, optimized: every one made before any is built
         for n, (key, values, why) in enumerate(zip(gears, values_of, conflicts), 1):
             if why:
                 log.warning("gears: gear %s cannot use graph %d (%s); Dynamo traces such shapes separately",
@@ -300,9 +301,13 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
                     gear_graphs[key] = static
             stages.dump(static, "gear")  # static.name carries the gear values
             report.gears[key] = static.op_counts()
-            table[key] = build_static(static)
+            statics[key] = static
             log.log(verbose, "gears: graph %d gear %d/%d %s %s in %.2f s", number, n, len(gears), key,
-                    "built from the cache" if cached else "compiled", time.perf_counter() - t0)
+                    "from the cache" if cached else "optimized", time.perf_counter() - t0)
+        # The memory all gears will share, predicted before any is built (rewrite.exec.memory.PoolMemory).
+        stages.gears_made(list(statics.values()))
+        for key, static in statics.items():
+            table[key] = build_static(static)
     if not table:
         raise GearError(f"graph {number}: every gear contradicts the traced graph; see the warnings above")
     report.note("gear keys are (" + ", ".join(f"{s.symbol}={s.label}" for s in symbols) + ")")
