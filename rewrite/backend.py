@@ -146,7 +146,11 @@ class RewriteBackend:
 
         def compile_bw(aot_gm, aot_inputs):
             bw = unit("backward")
-            return self.compile_graph(aot_gm, bw.name, bw, (), None, aot_inputs)
+            # AOTAutograd may compile the backward eagerly, under its fake mode (a graph with unbacked sizes,
+            # torch.compile(shapes_spec=...)): folding would then make fake constants. Compiled outside it, as
+            # the forward is.
+            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                return self.compile_graph(aot_gm, bw.name, bw, (), None, aot_inputs)
 
         # set_dim_gears keeps a Dynamo flag on until the geared graph first runs; a compile that
         # fails never runs it.

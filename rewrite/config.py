@@ -172,6 +172,20 @@ class DebugConfig(_Section):
     aclgraph = DebugAclgraphConfig
 
 
+class _IntList(_Typed):
+    """A list of positive ints (sizes), checked when assigned."""
+
+    def __init__(self):
+        super().__init__([], list, tuple)
+
+    def check(self, path: str, value):
+        super().check(path, value)
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+                raise ConfigError(f"{path}[{i}] = {item!r}; expected a positive int (a size)")
+        return sorted(set(value))
+
+
 class InferenceConfig(_Section):
     # How set_dim_gears lists combine (within a tensor, then across tensors): position by position
     # ("zip", equal lengths) or every combination ("product"). At most 100 gears in total.
@@ -179,6 +193,10 @@ class InferenceConfig(_Section):
     # A shape that is no gear: raise ("error"), pad up to the smallest larger gear when the graph
     # provably keeps that dimension's rows independent ("pad"), or run the symbolic graph ("dynamic").
     gear_fallback = _Choice("error", ("error", "pad", "dynamic"))
+    # Gears for dims the user declared a range for (mark_dynamic(t, d, min=, max=), torch.compile(shapes_spec=...)):
+    # these sizes, those inside each declared range (e.g. rewrite.gears.plan_gears(...).gears); [] = the default
+    # ladder (the range's ends, its optimization_hint and powers of two between: rewrite.gears.declared).
+    declared_gears = _IntList()
 
 
 class ExecConfig(_Section):

@@ -256,6 +256,8 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
     """
     report, number = unit.report, unit.number
     fallback = unit.config.inference_config.gear_fallback
+    if gear_spec.declared and fallback == "error":
+        fallback = "pad"  # a declared range says every size in it runs: padded where that is safe, else dynamic
     symbols, gears = bind_gears(graph, gear_spec)
     # A first call whose own sizes are no gear is refused by the dispatcher when it runs, not here:
     # raised while compiling, Dynamo would wrap it (BackendCompilerFailed, which `except GearError`
@@ -321,7 +323,12 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
         from .padding import plan_padding
 
         padder, refusal = plan_padding(graph, symbols)
-        if refusal:
+        if refusal and gear_spec.declared:  # sizes between the gears of a declared range still run: dynamically
+            log.info("gears: graph %d: sizes between the declared gears run the dynamic graph: %s", number, refusal)
+            fallback, padder = "dynamic", None
+            with report.stage("codegen"):
+                dynamic_fn = build_static(graph)
+        elif refusal:
             log.warning("gears: graph %d cannot pad shapes outside the gears: %s", number, refusal)
     function = function_name(unit)
     register_symbolic(function, [s.label for s in symbols])

@@ -214,6 +214,7 @@ class InputGears:
     name: str  # what the user calls it (Dynamo's source name when known)
     dims: dict  # {dim: (values...)}
     shape: tuple  # the example input's shape, for the log
+    declared: dict = dataclasses.field(default_factory=dict)  # {dim: gears.declared.Declared}: gears from a range
 
     def combos(self, policy: str) -> list[dict]:
         """This tensor's own gears: a list of {dim: value}."""
@@ -240,6 +241,8 @@ class GearSpec:
     policy: str
     # {(input index, dim): size} of the call being compiled (None: no call, e.g. a loaded export)
     example: dict | None = None
+    # gears made from declared ranges (gears.declared): sizes between them are padded, or run the dynamic graph
+    declared: bool = False
 
     def allowed(self, index: int, dim: int) -> list[int]:
         """The sizes dimension ``dim`` of input ``index`` takes across the gears (sorted)."""
@@ -292,13 +295,42 @@ def _distinct(gears) -> list[dict]:
 
 
 def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
-    """The gears recorded on the example inputs by `set_dim_gears`, merged; None when there are none."""
+    """The gears recorded on the example inputs by `set_dim_gears`, merged; else gears made from the ranges the
+    user declared (`mark_dynamic(min=, max=)`, ``shapes_spec``: `rewrite.gears.declared`); None when there are none."""
     _note_marks_read(example_inputs)
     names = dynamo_input_names(gm, len(example_inputs))
     inputs = [InputGears(i, names[i], get_dim_gears(x), tuple(x.shape))
               for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
     if not inputs:
-        return None
+        return _declared_gear_spec(example_inputs, config, gm, names)
     policy = config.inference_config.dynamic_gears_merge_policy
     example = {(i.index, d): i.shape[d] for i in inputs for d in i.dims}
     return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy)), policy, example)
+
+
+def _declared_gear_spec(example_inputs, config, gm, names) -> GearSpec | None:
+    """Gears for the declared dims: every combination (their ranges are independent) of each dim's gears."""
+    from .declared import LADDER_GEARS, declared_dims, ladder
+
+    declared = declared_dims(gm, example_inputs)
+    if not declared:
+        return None
+    chosen = config.inference_config.declared_gears
+    per_dim = max(2, int(LADDER_GEARS ** (1 / len(declared))))  # their product is compiled
+    by_input: dict = {}
+    for (index, dim), d in sorted(declared.items()):
+        values = sorted({v for v in chosen if d.contains(v)}) if chosen else ladder(d, per_dim)
+        if not values:
+            log.info("gears: input %s dim %d: %s, which makes no gears%s; it stays dynamic", names[index], dim,
+                     d.describe(), "" if chosen else " (no upper bound)")
+            continue
+        by_input.setdefault(index, ({}, {}))
+        by_input[index][0][dim] = tuple(values)
+        by_input[index][1][dim] = d
+    inputs = [InputGears(i, names[i], dims, tuple(example_inputs[i].shape), ranges)
+              for i, (dims, ranges) in sorted(by_input.items())]
+    if not inputs:
+        return None
+    log.info("gears: from declared shapes: %s", "; ".join(
+        f"{i.name} dim {d}: {i.declared[d].describe()}, gears {list(v)}" for i in inputs for d, v in i.dims.items()))
+    return GearSpec(tuple(inputs), tuple(merge_gears(inputs, "product")), "product", None, declared=True)

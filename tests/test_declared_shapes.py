@@ -1,0 +1,126 @@
+"""Declared shapes become gears (rewrite.gears.declared): ``mark_dynamic(t, d, min=, max=)`` and
+``torch.compile(shapes_spec=...)`` ranges get a ladder of static graphs (or ``inference_config.declared_gears``)
+instead of one dynamic graph; sizes between gears pad (or run the dynamic graph), sizes outside the range are
+refused by Dynamo's guard of the declared range, and ``set_dim_gears`` wins where both are given."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import rewrite
+from rewrite.gears.declared import Declared, ladder
+
+try:
+    from torch.fx.experimental.dynamic_spec import ParamsSpec, ShapeVar, TensorSpec
+except ImportError:  # torch 2.11 (the GPU machines) has no shapes_spec
+    ShapeVar = None
+
+needs_shapes_spec = pytest.mark.skipif(ShapeVar is None, reason="this torch has no torch.compile(shapes_spec=...)")
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _calls_match_eager(compiled, model, sizes):
+    with torch.no_grad():
+        for rows in sizes:
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_the_default_ladder_keeps_the_ends_and_the_hint_and_at_most_ten_gears():
+    assert ladder(Declared("B", 1, 64, 12)) == [1, 2, 4, 8, 12, 16, 32, 64]
+    assert ladder(Declared("B", 3, 5)) == [3, 4, 5]
+    wide = ladder(Declared("B", 1, 4096))
+    assert len(wide) == 10 and wide[0] == 1 and wide[-1] == 4096 and wide == sorted(wide)
+    assert ladder(Declared("B", 1, 64), most=3) == [1, 8, 64]  # the middle power, not the first
+    assert ladder(Declared("B", 2, None)) == []  # no upper bound: no ladder
+
+
+def test_a_mark_dynamic_range_is_served_by_gears_and_sizes_between_them_pad():
+    model = _Mlp().eval()
+    compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()))
+    x = torch.randn(16, 8)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=16)  # min=2: Dynamo specializes size 1 of a backed size itself
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    _calls_match_eager(compiled, model, [2, 4, 8, 16, 5, 3])
+    stats = rewrite.stats(compiled)
+    assert set(stats.gears) == {(2,), (4,), (8,), (16,)}, stats
+    assert stats.pads == 2 and stats.recompiles == 0, stats  # 5 -> 8 and 3 -> 4, one graph for every size
+
+
+def test_declared_gears_from_the_config_are_used_inside_the_range():
+    model = _Mlp().eval()
+    config = rewrite.CompilerConfig(**{"inference_config.declared_gears": [3, 12, 100]})  # 100 is outside: dropped
+    compiled = torch.compile(model, backend=rewrite.get_backend(config))
+    x = torch.randn(12, 8)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=12)
+    with torch.no_grad():
+        compiled(x)
+    _calls_match_eager(compiled, model, [3, 12, 7])
+    assert set(rewrite.stats(compiled).gears) == {(3,), (12,)} and rewrite.stats(compiled).pads == 1
+
+
+def test_set_dim_gears_wins_over_a_declared_range():
+    model = _Mlp().eval()
+    compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()))
+    x = torch.randn(6, 8)
+    torch._dynamo.mark_dynamic(x, 0, min=1, max=64)
+    rewrite.inference.set_dim_gears(x, {0: [2, 6]})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))  # gears live on the tensor of the first call
+    _calls_match_eager(compiled, model, [2, 6])
+    assert set(rewrite.stats(compiled).gears) == {(2,), (6,)}
+
+
+@needs_shapes_spec
+def test_a_range_without_an_upper_bound_stays_one_dynamic_graph(caplog):
+    model = _Mlp().eval()
+    caplog.set_level(logging.INFO, logger="rewrite")
+    compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()),
+                             shapes_spec=ParamsSpec({"x": TensorSpec([ShapeVar("B", min=1), None])}))
+    _calls_match_eager(compiled, model, [6, 3, 9])
+    assert "no upper bound" in caplog.text and not rewrite.stats(compiled).gears
+
+
+@needs_shapes_spec
+def test_a_shape_var_gets_gears_with_its_hint_and_a_size_outside_its_range_is_refused():
+    model = _Mlp().eval()
+    batch = ShapeVar("B", min=1, max=32, optimization_hint=12)
+    compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()),
+                             shapes_spec=ParamsSpec({"x": TensorSpec([batch, None])}))
+    _calls_match_eager(compiled, model, [12, 1, 32, 7])
+    stats = rewrite.stats(compiled)
+    assert (12,) in stats.gears and stats.recompiles == 0, stats
+    # outside the range: Dynamo's own guard of the declared range refuses it, naming the range
+    with pytest.raises(Exception, match=r"1 <= x.size\(\)\[0\] <= 32"), torch.no_grad():
+        compiled(torch.randn(40, 8))
+
+
+@needs_shapes_spec
+def test_a_shapes_spec_training_graph_compiles_its_backward_and_matches_eager(caplog):
+    """AOTAutograd compiles the backward of a graph with unbacked sizes eagerly, under its fake mode; folding
+    there made fake constants, and the compile failed (only logged) until the backward was compiled outside it."""
+    model = _Mlp()
+    batch = ShapeVar("B", min=1, max=64, optimization_hint=16)
+    compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()),
+                             shapes_spec=ParamsSpec({"x": TensorSpec([batch, None])}))
+    caplog.set_level(logging.WARNING)
+    x = torch.randn(8, 8)
+    compiled(x).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    assert "Failed to eagerly compile backwards" not in caplog.text
