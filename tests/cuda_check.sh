@@ -8,7 +8,8 @@
 #
 #   bash tests/cuda_check.sh [LOG_DIR]     # LOG_DIR/cuda_tests.log, gpu_results.md, gpu_bench.log, cuda_zoo.log
 #
-# Environment: PYTHON (default python3), TEST_LIMIT_S (default 200), BENCH_LIMIT_S (default 330),
+# Environment: STEPS (default tests,bench: which of the first two steps run), PYTHON (default python3),
+# TEST_LIMIT_S (default 200), BENCH_LIMIT_S (default 330),
 # BENCH_ONLY (default static,gears; "decode" is the third section), BENCH_ARGS (e.g. --quick), ZOO_LIMIT_S
 # (default 300), ZOO_MODES (default default,reduce-overhead), ZOO_ARGS (unset: no zoo).
 #
@@ -30,18 +31,25 @@ mkdir -p "$LOG_DIR"
 "$PY" -c "import torch, egglog; assert torch.cuda.is_available(), 'no CUDA device'; \
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())" || exit 1
 
-# test_cuda.py and test_gpu_policy.py are all about the GPU path; elsewhere the CUDA tests carry 'cuda' in their names.
-timeout "${TEST_LIMIT_S:-200}" "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs \
-    tests/test_cuda.py tests/test_gpu_policy.py 2>&1 | tee "$LOG_DIR/cuda_tests.log"
-tests_rc=${PIPESTATUS[0]}
-timeout 60 "$PY" -m pytest -q -p no:cacheprovider -rfEs tests/test_streams.py tests/test_reduce_overhead.py \
-    tests/test_export.py tests/test_security.py -k cuda 2>&1 | tee -a "$LOG_DIR/cuda_tests.log"
-[ "${PIPESTATUS[0]}" = 0 ] || tests_rc=1
+STEPS=${STEPS:-tests,bench}
+tests_rc=0
+if [[ ",$STEPS," == *",tests,"* ]]; then
+    # test_cuda.py and test_gpu_policy.py are all about the GPU path; elsewhere CUDA tests carry 'cuda' in their names.
+    timeout "${TEST_LIMIT_S:-200}" "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs \
+        tests/test_cuda.py tests/test_gpu_policy.py 2>&1 | tee "$LOG_DIR/cuda_tests.log"
+    tests_rc=${PIPESTATUS[0]}
+    timeout 60 "$PY" -m pytest -q -p no:cacheprovider -rfEs tests/test_streams.py tests/test_reduce_overhead.py \
+        tests/test_export.py tests/test_security.py -k cuda 2>&1 | tee -a "$LOG_DIR/cuda_tests.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || tests_rc=1
+fi
 
-# shellcheck disable=SC2086 # BENCH_ARGS is split on purpose
-timeout "${BENCH_LIMIT_S:-330}" "$PY" benchmarks/gpu.py --out "$LOG_DIR" --only "${BENCH_ONLY:-static,gears}" \
-    ${BENCH_ARGS:-} 2>&1 | tee "$LOG_DIR/gpu_bench.log"
-bench_rc=${PIPESTATUS[0]}
+bench_rc=0
+if [[ ",$STEPS," == *",bench,"* ]]; then
+    # shellcheck disable=SC2086 # BENCH_ARGS is split on purpose
+    timeout "${BENCH_LIMIT_S:-330}" "$PY" benchmarks/gpu.py --out "$LOG_DIR" --only "${BENCH_ONLY:-static,gears}" \
+        ${BENCH_ARGS:-} 2>&1 | tee "$LOG_DIR/gpu_bench.log"
+    bench_rc=${PIPESTATUS[0]}
+fi
 
 zoo_rc=0
 if [ -n "${ZOO_ARGS:-}" ]; then
