@@ -150,7 +150,6 @@ class PlannedProgram:
         self.gears: list[_Gear] = []
         self.kernels = None  # rewrite.kernels.StaticKernels, made on the first CPU gear
         self.cuda = None  # cuda_graphs.CudaGraphs, made on the first CUDA gear
-        self.hot_swaps: list = []  # the default mode's CUDA gears (hot_swap.HotSwapGear)
         self.memory: PoolMemory | None = None  # the CPU arena's prediction and size (CUDA: self.cuda.memory)
         self.static_kernels = self.policy.static_kernels  # turned off when a tier-up cannot have them
         self.lock = threading.Lock()
@@ -214,9 +213,7 @@ class PlannedProgram:
         else:
             def build():
                 return graphs.wrap(graph, fn)
-        gear = HotSwapGear(graph.name, fn, build, self.policy.tier_up_calls, self.note, self.unit.ledger)
-        self.hot_swaps.append(gear)
-        return gear
+        return HotSwapGear(graph.name, fn, build, self.policy.tier_up_calls, self.note, self.unit.ledger)
 
     def tier_up(self, gear: _Gear, args) -> None:
         """Plan ``gear`` on this call's inputs and build its static kernels; on failure it keeps its ATen code.
