@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.fx
 
-__all__ = ["shrink_graph", "repro_script", "tensor_source"]
+__all__ = ["shrink_graph", "drop_unused_inputs", "repro_script", "tensor_source"]
 
 LITERAL_ELEMENTS = 64  # tensors up to this many elements are written as literals, larger ones as bytes
 
@@ -157,6 +157,24 @@ def shrink_graph(gm: torch.fx.GraphModule, calls: list[list], output: int | None
                 gm, calls, changed = candidate, candidate_calls, True
                 break
     return gm, calls, tried
+
+
+def drop_unused_inputs(gm: torch.fx.GraphModule, calls: list[list]) -> tuple[torch.fx.GraphModule, list[list], list[int]]:
+    """``gm`` without the inputs nothing reads (a model's frozen weights stay placeholders of its graph),
+    the calls without their values, and the indices of the inputs kept."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    keep = [i for i, n in enumerate(placeholders) if n.users]
+    if len(keep) == len(placeholders):
+        return gm, calls, keep
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for i, node in enumerate(placeholders):
+        if i in keep:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return torch.fx.GraphModule(gm, graph), [[args[i] for i in keep] for args in calls], keep
 
 
 # ================================================================================================
