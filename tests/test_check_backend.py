@@ -199,3 +199,34 @@ def test_variants_of_random_graphs_equal_the_original_bit_for_bit():
             assert compare_outputs(want_inputs, got_inputs, exact=True) is None, (v.label, str(v.graph))
 
     check()
+
+
+def test_finds_the_dropped_update_of_a_zero_dim_float64_input():
+    """A real torch.compile bug the campaign found (docs/inductor_findings.md): on torch 2.13 an in-place
+    update of a 0-dim float64 input (``a.copy_(b)``, ``a.add_(b)``) can be dropped by AOTAutograd backends
+    (aot_eager, Inductor, rewrite), and values read after it computed from the old value. check_backend on
+    the graph the campaign shrank it to (``copy_(a, b)``) finds it and keeps it at that one op."""
+    from rewrite.ir import Graph, TensorMeta
+    from rewrite.testing import check_graphs
+
+    class CopyInto(torch.nn.Module):
+        def forward(self, a, b):
+            torch.ops.aten.copy_.default(a, b)
+            return (b * 2,)
+
+    a, b = torch.zeros((), dtype=torch.float64), torch.ones((), dtype=torch.float64)
+    torch.compile(CopyInto(), backend="aot_eager")(a, b)
+    if a.item() == 1.0:
+        pytest.skip(f"torch {torch.__version__} applies the update: fixed upstream")
+    torch._dynamo.reset()
+    g = Graph("copy_into")
+    meta = TensorMeta(torch.float64, ())
+    pa, pb = g.placeholder("a", meta), g.placeholder("b", meta)
+    out = g.call(aten.mul.Tensor, (pb, 2), meta=meta)
+    g.call(aten.copy_.default, (pa, pb), meta=meta)
+    g.set_output((out,))
+    report = check_graphs([case_from_graph(g)], "aot_eager", variants=1, examples=1, shrink_seconds=20)
+    assert report.findings, report
+    finding = report.findings[0]
+    assert finding.kind == "mismatch" and "after the call" in finding.why, finding
+    assert finding.ops[1] == 1 and "copy_" in finding.graph, finding

@@ -153,12 +153,13 @@ def _detached(values) -> list:
 def capture_graphs(fn, inputs: Sequence, dynamic: bool = False, name: str | None = None) -> tuple[list[GraphCase], list[str]]:
     """The core-ATen graphs of ``fn(*inputs)`` as `GraphCase`s, and notes on graphs left out.
 
-    Static: Dynamo and AOTAutograd (what every backend is handed; each graph break is another graph)
-    under ``torch.no_grad()``, a module's parameters and buffers frozen into constants. ``dynamic``:
+    Static: Dynamo's graphs (what every backend is handed; each graph break is another graph), traced
+    to core ATen as AOTAutograd would (functionalized, input updates as ``copy_`` at the tail) under
+    ``torch.no_grad()``, a module's parameters and buffers frozen into constants. ``dynamic``:
     ``make_fx(tracing_mode="symbolic")`` of the whole function (one graph; sizes read from the inputs,
     so the graph runs at other sizes; parameters are constants).
     """
-    from ..backend import _freeze, _is_weight_source, _same_inputs, decomposition_table
+    from ..backend import _freeze, _is_weight_source, decomposition_table
     from ..fx_bridge import dynamo_input_names, from_fx
 
     base = name or getattr(fn, "__qualname__", None) or type(fn).__name__
@@ -182,29 +183,29 @@ def capture_graphs(fn, inputs: Sequence, dynamic: bool = False, name: str | None
         real = [v.detach() if i in weights else (v.detach().clone() if isinstance(v, torch.Tensor) else v)
                 for i, v in enumerate(example_inputs)]
 
-        def inference(aot_gm, aot_inputs):
-            number = len(cases) + len(notes)
-            label = f"{base}[{number}]"
-            if not _same_inputs(aot_inputs, real) or not all(isinstance(v, torch.Tensor) for v in real):
-                notes.append(f"{label}: left out (AOTAutograd changed the graph's inputs)")
-            else:
-                with torch._subclasses.fake_tensor.unset_fake_temporarily():
-                    graph = from_fx(aot_gm, label)
-                    _freeze(graph, {i: real[i] for i in weights})
-                cases.append(GraphCase(label, graph, real, fixed=frozenset(weights), like_example=True, origin=base))
-            return aot_gm
+        captured.append((gm, real, weights))
+        return gm.forward
 
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        def boxed(aot_gm, aot_inputs):
-            return make_boxed_func(inference(aot_gm, aot_inputs))
-
-        return aot_autograd(fw_compiler=boxed, inference_compiler=boxed, decompositions=decomposition_table(),
-                            keep_inference_input_mutations=True)(gm, example_inputs)
-
+    captured: list = []
     with torch.no_grad():
         torch.compile(fn, backend=capture, dynamic=False)(*inputs)
+    # AOTAutograd's own steps (functionalization, core-ATen decompositions, input updates as copy_ at the
+    # tail), done here, outside Dynamo, rather than through aot_autograd: its tensorify pass may restart
+    # Dynamo, and on torch 2.13 the restarted trace drops in-place updates of 0-dim float64 inputs
+    # (docs/inductor_findings.md), so the captured graph would not be the function's own.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    for k, (gm, real, weights) in enumerate(captured):
+        label = f"{base}[{k}]"
+        if not all(isinstance(v, torch.Tensor) for v in real):
+            notes.append(f"{label}: left out (a graph input is not a tensor)")
+            continue
+        with torch.no_grad():
+            aten_gm = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table(),
+                              tracing_mode="fake")(*_detached(real))
+        graph = from_fx(aten_gm, label)
+        _freeze(graph, {i: real[i] for i in weights})
+        cases.append(GraphCase(label, graph, real, fixed=frozenset(weights), like_example=True, origin=base))
     if not cases and not notes:
         notes.append(f"{base}: Dynamo captured no graph (nothing to compile)")
     return cases, notes
@@ -697,7 +698,7 @@ def _still_fails(target: Target, kind: str, exact: bool, tol, gear_dims, dynamic
                             set_dim_gears(args[i], dims)
                 first[0] = False
 
-            names = [f"input {i}" for i in range(len(calls[0]))]
+            names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
             for args in calls:
                 want = _call(gm, args)
                 try:

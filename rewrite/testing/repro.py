@@ -63,6 +63,21 @@ def _with_output(gm: torch.fx.GraphModule, values: list) -> torch.fx.GraphModule
     return torch.fx.GraphModule(gm, graph)
 
 
+def _updates_only(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` that returns nothing but keeps its input updates (what differs is an updated input)."""
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            break
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(())
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "get_attr") and not node.users and not node.is_impure():
+            graph.erase_node(node)
+    return torch.fx.GraphModule(gm, graph)
+
+
 def _cut(gm: torch.fx.GraphModule, node_name: str) -> tuple[torch.fx.GraphModule, int]:
     """A copy of ``gm`` where node ``node_name`` is a new last input (its readers read the input);
     returns the module and the index of the new input."""
@@ -114,7 +129,11 @@ def shrink_graph(gm: torch.fx.GraphModule, calls: list[list], output: int | None
         except Exception:  # noqa: BLE001 - a candidate that breaks otherwise is simply not smaller
             return False
 
-    if output is not None:
+    if output is None:  # an updated input differs: the outputs may go
+        candidate = _updates_only(gm)
+        if attempt(candidate, calls):
+            gm = candidate
+    else:
         outs = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
         flat = outs if isinstance(outs, list) else [outs]
         if 0 <= output < len(flat) and isinstance(flat[output], torch.fx.Node):
