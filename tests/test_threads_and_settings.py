@@ -241,7 +241,7 @@ def test_concurrent_callers_own_one_worker_per_side_stream_each_and_idle_workers
     from rewrite.exec import workers
 
     workers.shutdown()
-    monkeypatch.setattr(workers, "IDLE_SECONDS", 0.3)
+    monkeypatch.setattr(workers, "IDLE_SECONDS", 1.5)  # longer than a worker waits between the calls below
     config = CompilerConfig()
     config.exec.tier_up_calls = 0  # the worker threads on every call
     model = TwoSideScopes().eval()
