@@ -155,9 +155,6 @@ def test_union_of_random_graphs_keeps_each_graph():
     torch.tensor([True, False]),
 ])
 def test_repro_tensors_are_written_exactly(t):
-    from math import inf, nan  # noqa: F401 - names the literals use
-    import base64  # noqa: F401
-
     namespace = {"torch": torch, "inf": float("inf"), "nan": float("nan")}
     exec("import base64\ndef _raw(data, dtype, shape):\n    return torch.frombuffer(bytearray(base64.b64decode(data)),"
          " dtype=dtype).reshape(shape).clone()", namespace)
