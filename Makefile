@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz zoo bench env clean
+.PHONY: demo test fuzz zoo bench check-backends env clean
 
 env: $(STAMP)
 
@@ -34,6 +34,14 @@ fuzz: $(STAMP)
 # Every architecture of the model zoo through every mode, compared with eager; prints a table (CI runs a subset).
 zoo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m tests.zoo
+
+# Equivalent-graph testing of compilers (issue 45): thousands of random graphs and the zoo's graphs, each in
+# several forms extracted from the e-graph, through Inductor and rewrite, compared with eager; findings are shrunk
+# to scripts under benchmarks/out/check_backends/ and the figures go to benchmarks/RESULTS.md. Hours on 2 cores;
+# a smaller run: make check-backends CHECK_BACKENDS_ARGS="--static 200 --dynamic 40 --zoo bert,gpt2".
+CHECK_BACKENDS_ARGS ?= --static 2000 --dynamic 300 --zoo all
+check-backends: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/check_backends.py $(CHECK_BACKENDS_ARGS)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py

@@ -4,6 +4,9 @@
     python -m rewrite rules                print the optimization schedule: passes, rulesets, rules
     python -m rewrite check-rules MODULE   check every rule of a user's ruleset module numerically
     python -m rewrite check-pass MOD:FN    check a torch.fx pass on random graphs (rewrite.testing.check_fx_pass)
+    python -m rewrite check-backend MOD:FN --shapes 4,8 --backend inductor
+                                           check a compiler on equivalent variants of a function's graphs
+                                           (rewrite.testing.check_backend); --random N: on random graphs
     python -m rewrite cache ls|info KEY|clear [--dir D]   the compile cache's entries and their key fields
 """
 from __future__ import annotations
@@ -52,6 +55,66 @@ def _check_pass(args) -> int:
         return 1
     print(report)
     return 0
+
+
+def _parse_shape(text: str):
+    """``4,8`` (float32), ``4,8:int64``, ``:float64`` (a 0-d tensor) -> (shape, dtype)."""
+    import torch
+
+    dims, _, dtype_name = text.partition(":")
+    dtype = getattr(torch, dtype_name or "float32", None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"--shapes {text!r}: {dtype_name!r} is no torch dtype (float32, int64, bool...)")
+    try:
+        shape = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+    except ValueError:
+        raise ValueError(f"--shapes {text!r}: sizes must be integers, e.g. 4,8 or 4,8:int64") from None
+    return shape, dtype
+
+
+def _check_backend(args) -> int:
+    import torch
+
+    from .testing import BackendMismatch, check_backend, check_graphs, load_pass
+    from .testing.backends import random_cases
+
+    tolerance = None if args.exact else (tuple(args.tolerance) if args.tolerance else "dtype")
+    backends = args.backend or ["inductor"]
+    common = dict(variants=args.variants, rules=args.rules, examples=args.examples, tolerance=tolerance,
+                  seed=args.seed, repro_dir=args.repro_dir, shrink_seconds=args.shrink_seconds)
+    try:
+        if args.random:
+            cases = random_cases(args.random, dynamic=args.dynamic, batch=args.batch, seed=args.seed or 0)
+            report = check_graphs(cases, backends, **common)
+        else:
+            if not args.spec:
+                raise ValueError("name the function to check (module:function), or --random N for random graphs")
+            fn = load_pass(args.spec)
+            if isinstance(fn, type) and issubclass(fn, torch.nn.Module):
+                fn = fn().eval()
+            if args.inputs:
+                inputs = tuple(load_pass(args.inputs)())
+            elif args.shapes:
+                gen = torch.Generator().manual_seed(args.seed or 0)
+                inputs = []
+                for text in args.shapes:
+                    shape, dtype = _parse_shape(text)
+                    if dtype.is_floating_point:
+                        inputs.append(torch.randn(shape, generator=gen).to(dtype))
+                    else:
+                        inputs.append(torch.randint(0, 2 if dtype == torch.bool else 16, shape, generator=gen).to(dtype))
+            else:
+                raise ValueError("give the inputs: --shapes 4,8 [4,8:int64 ...] or --inputs module:function")
+            report = check_backend(fn, *inputs, backend=backends, dynamic=args.dynamic, raise_on_failure=False,
+                                   **common)
+    except BackendMismatch as e:
+        print(e)
+        return 1
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    return 0 if report.ok else 1
 
 
 def _calibrate(args) -> int:
@@ -131,6 +194,28 @@ def main(argv=None) -> int:
     fx.add_argument("--takes", choices=["module", "graph"], help="pass gm.graph instead of gm (Inductor style)")
     fx.add_argument("--tolerance", type=float, nargs=2, metavar=("RTOL", "ATOL"), help="compare within a tolerance")
     fx.set_defaults(run=_check_pass)
+    cb = sub.add_parser("check-backend", help="compile equivalent variants of a function's graphs with a backend and "
+                        "compare each with eager (rewrite.testing.check_backend)")
+    cb.add_argument("spec", nargs="?", metavar="module:function",
+                    help="the function (or nn.Module class, built with no arguments) to check")
+    cb.add_argument("--shapes", nargs="+", metavar="SHAPE", help="random inputs: 4,8 (float32) or 4,8:int64 ...")
+    cb.add_argument("--inputs", metavar="module:function", help="a function returning the inputs (a tuple)")
+    cb.add_argument("--backend", action="append", metavar="NAME",
+                    help="backend under test (repeatable): inductor, inductor-dynamic, inductor-freezing, rewrite, "
+                         "rewrite-reduce-overhead, rewrite-dynamic, rewrite-gears, eager, or any torch.compile "
+                         "backend name (default inductor)")
+    cb.add_argument("--variants", type=int, default=4, help="extraction picks per graph (default 4)")
+    cb.add_argument("--examples", type=int, default=10, help="input draws per variant and backend (default 10)")
+    cb.add_argument("--rules", choices=["exact", "all"], default="exact", help="exact rules only, or inexact ones too")
+    cb.add_argument("--dynamic", action="store_true", help="symbolic sizes; run at sizes 0, 1, 2, ... and gear edges")
+    cb.add_argument("--exact", action="store_true", help="compare bit for bit (default: within the dtype's tolerance)")
+    cb.add_argument("--tolerance", type=float, nargs=2, metavar=("RTOL", "ATOL"), help="compare within a tolerance")
+    cb.add_argument("--random", type=int, metavar="N", help="check N random graphs instead of a function")
+    cb.add_argument("--batch", type=int, default=1, help="--random: graphs compiled together per compile (static)")
+    cb.add_argument("--seed", type=int, help="vary the draws (default: the same every run)")
+    cb.add_argument("--repro-dir", metavar="DIR", help="write a reproduction script per finding here")
+    cb.add_argument("--shrink-seconds", type=float, default=60.0, help="time to shrink each finding (default 60)")
+    cb.set_defaults(run=_check_backend)
     cache = sub.add_parser("cache", help="list, inspect or clear a compile cache folder")
     cache.add_argument("action", choices=["ls", "info", "clear"])
     cache.add_argument("key", nargs="?", help="info: an entry's path or hash prefix (as `ls` prints)")

@@ -692,3 +692,104 @@ def test_cuda_schedule_logic_with_recorded_stream_calls(monkeypatch):
     assert ("record_stream", "CUR") in log  # c is read on the caller's stream
     assert log[-1] == ("set", "CUR")  # the caller's stream is current again
     assert current[0] is caller
+
+
+# -- the watchdog and the threads, whatever form the graph runs in (issue 45) ----------------------
+
+_STUCK = {"seconds": 0.0, "fail": False}
+
+
+@torch.library.custom_op("rewrite_test::maybe_stuck", mutates_args=())
+def _maybe_stuck(x: torch.Tensor) -> torch.Tensor:
+    """A side stream's op that can get stuck for a while (or fail), as a driver call or a lock would."""
+    if _STUCK["fail"]:
+        raise RuntimeError("maybe_stuck: failing on purpose")
+    if _STUCK["seconds"]:
+        import time
+
+        time.sleep(_STUCK["seconds"])
+    return x.clone()
+
+
+@_maybe_stuck.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class ThreeScopes(torch.nn.Module):
+    """Three stream scopes besides the caller's: the fault suite's model."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 32) / 6)
+
+    def forward(self, x):
+        a = torch.tanh(x @ self.w)
+        with scope.stream_switch("1"):
+            b = torch.ops.rewrite_test.maybe_stuck(torch.relu(x) @ self.w)
+        with scope.stream_switch("2"):
+            c = torch.sigmoid(x @ self.w)
+        with scope.stream_switch("3"):
+            d = (x * 2) @ self.w
+        return a + b + c + d
+
+
+def _no_grad_call(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
+def _stream_workers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("rewrite-stream-")]
+
+
+def test_stuck_side_stream_raises_within_the_timeout_in_the_default_mode_past_tier_up(monkeypatch):
+    """exec.stream_timeout_s is a promise about the model, whatever form it runs in: in the default mode a
+    scoped graph could run on one stream once tiered up (stream_choice), where nothing watches a stream
+    and a stuck op just runs on (the fault suite: a 3 s stall returned after 3 s, no error). A timeout
+    asked for keeps the worker threads, and the call fails after the timeout, not a second one later
+    (the caller no longer waits a timeout again for the stuck worker)."""
+    import time
+
+    from rewrite.exec import stream_choice
+    from rewrite.exec.stream_choice import TRIALS
+    from rewrite.exec.stream_cpu import StreamTimeoutError
+
+    def one_stream_wins(self):  # where one stream measures faster (the fault suite's machine)
+        self.chosen = self.one_stream
+
+    monkeypatch.setattr(stream_choice.StreamChoice, "_choose", one_stream_wins)
+    model = ThreeScopes().eval()
+    config = rewrite.CompilerConfig()
+    config.exec.stream_timeout_s = 1.0
+    compiled, backend = _compile(model, config)
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(config.exec.tier_up_calls + 2 * TRIALS + 3):  # past the tier-up and a form choice
+            torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
+        notes = [n for g in backend.report.graphs for n in g.notes]
+        assert any("keep their worker threads" in n and "stream_timeout_s" in n for n in notes), notes
+        assert len(_stream_workers()) >= 3
+        _STUCK["seconds"] = 2.5
+        try:
+            start = time.perf_counter()
+            with pytest.raises(StreamTimeoutError, match="stream_timeout_s"):
+                _run_with_timeout(lambda: _no_grad_call(compiled, x), timeout=30)  # grad mode is per thread
+            took = time.perf_counter() - start
+        finally:
+            _STUCK["seconds"] = 0.0
+        assert took < 1.6, f"raised after {took:.2f} s; the timeout is 1 s"
+        # The stuck worker leaves the pool once its op returns; the model runs on at its bound.
+        time.sleep(2.0)
+        torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
+    assert len(_stream_workers()) <= 3, _stream_workers()
+
+
+def test_a_timeout_left_at_its_default_keeps_the_choice_of_form():
+    from rewrite.exec import stream_timeout_asked
+
+    config = rewrite.CompilerConfig()
+    assert not stream_timeout_asked(config)
+    config.exec.stream_timeout_s = 60
+    assert stream_timeout_asked(config)

@@ -171,6 +171,104 @@ def test_a_thread_on_fewer_intra_op_threads_leaves_new_threads_torch_count():
     assert torch.get_num_threads() == default
 
 
+# -- how many threads a compiled model owns (issue 45; the bound is documented in rewrite/exec/workers.py) ----
+
+_FAIL = {"on": False}
+
+
+@torch.library.custom_op("rewrite_test::maybe_fail", mutates_args=())
+def _maybe_fail(x: torch.Tensor) -> torch.Tensor:
+    if _FAIL["on"]:
+        raise RuntimeError("maybe_fail: failing on purpose")
+    return x.clone()
+
+
+@_maybe_fail.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class TwoSideScopes(torch.nn.Module):
+    """Two stream scopes besides the caller's; the second can fail."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 16) / 4)
+
+    def forward(self, x):
+        a = torch.tanh(x @ self.w)
+        with scope.stream_switch("a"):
+            b = torch.sigmoid(x @ self.w)
+        with scope.stream_switch("b"):
+            c = torch.ops.rewrite_test.maybe_fail(torch.relu(x) @ self.w)
+        return a + b + c
+
+
+def _stream_workers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("rewrite-stream-")]
+
+
+def test_failing_calls_add_no_threads_a_model_owns_one_per_side_stream():
+    """The fault suite saw 4 threads after 30 calls failing inside stream scopes and 20 good ones,
+    where it had 2 after the first call: the pool filling up to its bound, one worker per side stream.
+    Failures must never add more, whichever form (worker threads or one stream) the default mode keeps."""
+    from rewrite.exec import workers
+
+    workers.shutdown()
+    model = TwoSideScopes().eval()
+    compiled = torch.compile(model, backend=rewrite.get_backend(), fullgraph=True)
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        want = model(x)
+        compiled(x)
+        after_first = threading.active_count()
+        _FAIL["on"] = True
+        try:
+            for _ in range(30):
+                with pytest.raises(RuntimeError, match="failing on purpose"):
+                    compiled(x)
+        finally:
+            _FAIL["on"] = False
+        for _ in range(20):
+            torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
+    assert len(_stream_workers()) <= 2, _stream_workers()
+    assert threading.active_count() <= after_first + 2
+
+
+def test_concurrent_callers_own_one_worker_per_side_stream_each_and_idle_workers_exit(monkeypatch):
+    import time
+
+    from rewrite.exec import workers
+
+    workers.shutdown()
+    monkeypatch.setattr(workers, "IDLE_SECONDS", 1.5)  # longer than a worker waits between the calls below
+    config = CompilerConfig()
+    config.exec.tier_up_calls = 0  # the worker threads on every call
+    model = TwoSideScopes().eval()
+    compiled = torch.compile(model, backend=rewrite.get_backend(config), fullgraph=True)
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        compiled(x)
+    assert len(_stream_workers()) == 2
+    seen = []
+
+    def call(k):
+        with torch.no_grad():
+            for _ in range(50):
+                compiled(x)
+                seen.append(len(_stream_workers()))
+
+    _run_threads(call, n=3)
+    assert max(seen) <= 3 * 2, max(seen)  # three callers at once, two side streams each
+    deadline = time.monotonic() + 10
+    while _stream_workers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _stream_workers(), "idle stream workers did not exit"
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)  # started again on demand
+    assert len(_stream_workers()) == 2
+
+
 def test_compile_on_another_thread_than_the_first_engine():
     """An engine made on one thread is never used (or dropped) on another."""
     _compiled("plain", seed=0)

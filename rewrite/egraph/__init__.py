@@ -26,7 +26,7 @@ import threading
 from ..cost import graph_cost
 from ..ir import Graph, is_side_effect, map_nodes
 from .compile import RuleCompiler
-from .extract import extract
+from .extract import VARIANT_PICKS, extract, extract_variant
 from .load import LOAD_PRELUDE, load_graph
 from .names import NAME_PRELUDE
 from .rebuild import rebuild
@@ -36,7 +36,8 @@ from .terms import PRELUDE, Tables
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["run_egraph", "Limits", "EGraphRun", "Engine", "engine_for", "compile_rulesets"]
+__all__ = ["run_egraph", "Limits", "EGraphRun", "Engine", "engine_for", "compile_rulesets", "equivalent_graphs",
+           "VARIANT_PICKS"]
 
 
 def _runs(rulesets) -> list:
@@ -138,16 +139,28 @@ class EGraphRun:
         self.result = Saturator(self.egraph, self.tables, self.limits, self.graph.symbols).run(self.schedule)
         return self.result
 
-    def extract(self) -> Graph:
-        snap = self.snapshot = Snapshot(self.egraph)
+    def roots(self, snap: Snapshot) -> list:
         loaded = self.loaded
         roots = [snap.node_table[k] for k in range(len(loaded.nodes))
                  if loaded.nodes[k].kind == "placeholder" or is_side_effect(loaded.nodes[k])]
         out_ids = set()
         map_nodes(self.graph.outputs, lambda n: out_ids.add(n.id) or n)
-        roots += [snap.node_table[loaded.index[i]] for i in out_ids if i in loaded.index]
-        choice = extract(snap, self.tables, roots)
-        return rebuild(snap, self.tables, choice, loaded, self.graph)
+        return roots + [snap.node_table[loaded.index[i]] for i in out_ids if i in loaded.index]
+
+    def extract(self) -> Graph:
+        snap = self.snapshot = Snapshot(self.egraph)
+        choice = extract(snap, self.tables, self.roots(snap))
+        return rebuild(snap, self.tables, choice, self.loaded, self.graph)
+
+    def variants(self, picks) -> list[Graph]:
+        """One graph per ``(pick, seed)`` of `extract_variant`, from one snapshot of the saturated e-graph."""
+        snap = self.snapshot = Snapshot(self.egraph)
+        roots = self.roots(snap)
+        out = []
+        for pick, seed in picks:
+            choice, wraps = extract_variant(snap, self.tables, roots, pick, seed)
+            out.append(rebuild(snap, self.tables, choice, self.loaded, self.graph, wraps))
+        return out
 
 
 def compile_rulesets(rulesets: list) -> list[str]:
@@ -176,6 +189,28 @@ def run_egraph(graph: Graph, rulesets: list, limits: Limits, report) -> tuple[Gr
     engine.egraph.run_program(*engine.egraph.parse_program("(push)"))
     try:
         return _run(graph, EGraphRun(graph, engine, limits), report)
+    finally:
+        engine.egraph.run_program(*engine.egraph.parse_program("(pop)"))
+
+
+def equivalent_graphs(graph: Graph, rulesets: list, limits: Limits, picks) -> tuple[list[Graph], SaturationResult]:
+    """Graphs equal in value to ``graph``: saturate it once with ``rulesets``, then extract one graph
+    per ``(pick, seed)`` in ``picks`` (`extract_variant`: "cheapest", "costliest", "random").
+
+    Unlike `run_egraph` nothing is kept or compared by cost and errors are raised, not swallowed:
+    this is for testing compilers with many forms of one graph (`rewrite.testing.check_backend`).
+    Returns the graphs (in the order of ``picks``; duplicates are the caller's to drop) and what
+    saturation did.
+    """
+    if _engine_unusable is not None:
+        raise RuntimeError(f"e-graph unavailable: {_engine_unusable}")
+    engine = engine_for(rulesets)
+    engine.egraph.run_program(*engine.egraph.parse_program("(push)"))
+    try:
+        run = EGraphRun(graph, engine, limits)
+        run.load()
+        result = run.saturate()
+        return run.variants(list(picks)), result
     finally:
         engine.egraph.run_program(*engine.egraph.parse_program("(pop)"))
 

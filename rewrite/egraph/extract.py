@@ -23,6 +23,7 @@ price: none.
 from __future__ import annotations
 
 import heapq
+import random
 
 from ..cost import dispatch_overhead, folds_at_compile_time, numel, op_cost
 from ..ops import target_from_name
@@ -37,6 +38,14 @@ class ExtractionError(RuntimeError):
 
 def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     """Choose an e-node for every e-class reachable from ``roots``."""
+    choice, kids, readers, own, known = _cheapest(snap, tables, roots)
+    _improve(choice, snap.classes.__getitem__, kids, readers, own, known, roots)
+    return {cls: snap.classes[cls][i] for cls, i in choice.items()}
+
+
+def _cheapest(snap: Snapshot, tables: Tables, roots: list):
+    """The Dijkstra-like selection: (choice: e-class -> e-node index, children per e-node, readers
+    per e-class, the own-cost function, the compile-time e-classes) before any improvement pass."""
     dec = Decoder(snap, tables)
     classes = snap.classes
     is_class = classes.__contains__
@@ -124,8 +133,7 @@ def extract(snap: Snapshot, tables: Tables, roots: list) -> dict:
     if missing:
         raise ExtractionError(f"no acyclic term for e-classes {missing[:5]}")
     choice = {cls: i for cls, (_, i) in best.items()}
-    _improve(choice, classes.__getitem__, kids, readers, own, known, roots)
-    return {cls: classes[cls][i] for cls, i in choice.items()}
+    return choice, kids, readers, own, known
 
 
 IMPROVEMENT_PASSES = 2
@@ -269,3 +277,78 @@ def _improve(choice: dict, nodes_of, kids: dict, readers: dict, own, known: dict
             index.update(_topological(choice, kids))
         if not switched:
             return
+
+
+VARIANT_PICKS = ("cheapest", "costliest", "random")
+MAX_VARIANT_SWITCHES = 4096  # e-classes switched per variant (each re-sorts the choice: O(graph))
+RANDOM_WRAP_CHANCE = 0.3  # a random variant wraps a live e-class in one of its cyclic e-nodes this often
+
+
+def extract_variant(snap: Snapshot, tables: Tables, roots: list, pick: str = "cheapest",
+                    seed: int = 0) -> tuple[dict, dict]:
+    """One of the many graphs the e-graph holds: ``(choice, wraps)`` for `rebuild`.
+
+    ``choice`` maps every e-class reachable from ``roots`` to an e-node, as `extract` does;
+    ``wraps`` maps some e-classes to a second e-node that reads the e-class itself (``x * 1`` in the
+    class of ``x``, ``t(t(x))``): the rebuilt graph computes the class by its chosen e-node, then
+    once more through the wrap, and readers use the wrapped value. One e-node per e-class can never
+    give back ``x * 1`` or ``t(t(x))`` (an identity rule puts both forms in one e-class, so either
+    would read itself); a wrap can.
+
+    ``pick``: ``"cheapest"`` is `extract`'s graph (what the optimizer keeps; no wraps);
+    ``"costliest"`` starts from the Dijkstra selection, switches each live e-class, children first,
+    to its e-node of the highest own cost that closes no cycle (two GEMMs over one merged GEMM, a
+    decomposed GELU over the fused one), then wraps each live e-class in its costliest cyclic call;
+    ``"random"`` switches each live e-class to an e-node drawn with ``random.Random(seed)`` and
+    wraps about `RANDOM_WRAP_CHANCE` of them. Every switch keeps the chosen e-nodes a DAG (the check
+    `_improve` makes); classes that become live through a switch are switched too. Used by
+    `rewrite.testing.check_backend` to hand a compiler several different graphs of equal value.
+    """
+    if pick not in VARIANT_PICKS:
+        raise ValueError(f"pick={pick!r}: use one of {list(VARIANT_PICKS)}")
+    if pick == "cheapest":
+        return extract(snap, tables, roots), {}
+    rng = random.Random(seed)
+    choice, kids, _readers, own, _known = _cheapest(snap, tables, roots)
+    classes = snap.classes
+    live_roots = [r for r in roots if r in choice]
+    index = _topological(choice, kids)
+    todo = sorted(_reachable(live_roots, choice, kids, set()), key=index.__getitem__)  # children first
+    if pick == "random":
+        rng.shuffle(todo)
+    seen, switches = set(), 0
+    while todo and switches < MAX_VARIANT_SWITCHES:
+        cls = todo.pop(0)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        options = [i for i in range(len(classes[cls])) if all(c in choice for c in kids[(cls, i)])]
+        if len(options) < 2:
+            continue
+        if pick == "costliest":
+            options.sort(key=lambda i: (-own(cls, i)[0], -len(kids[(cls, i)]), -i))  # ties: newer forms
+        else:
+            rng.shuffle(options)
+        for i in options:
+            if i == choice[cls]:
+                break  # the current e-node ranks first among those left: keep it
+            if not _reaches(kids[(cls, i)], cls, choice, kids, index):
+                choice[cls] = i
+                switches += 1
+                index = _topological(choice, kids)
+                todo.extend(c for c in _reachable(kids[(cls, i)], choice, kids, seen) if c not in seen)
+                break
+    wraps: dict = {}
+    live = sorted(_reachable(live_roots, choice, kids, set()), key=index.__getitem__)
+    for cls in live:
+        if not is_call(classes[cls][choice[cls]].op):
+            continue  # an input keeps its identity: an update (copy_) must write to the input itself
+        cyclic = [i for i in range(len(classes[cls])) if i != choice[cls] and is_call(classes[cls][i].op)
+                  and all(c in choice for c in kids[(cls, i)]) and _reaches(kids[(cls, i)], cls, choice, kids, index)]
+        if not cyclic:
+            continue
+        if pick == "costliest":
+            wraps[cls] = classes[cls][max(cyclic, key=lambda i: (own(cls, i)[0], -i))]
+        elif rng.random() < RANDOM_WRAP_CHANCE:
+            wraps[cls] = classes[cls][rng.choice(cyclic)]
+    return {cls: classes[cls][i] for cls, i in choice.items()}, wraps

@@ -21,10 +21,12 @@ from .terms import Tables, is_call
 
 
 class Rebuilder:
-    def __init__(self, snap: Snapshot, tables: Tables, choice: dict[str, ENode], loaded: Loaded, source: Graph):
+    def __init__(self, snap: Snapshot, tables: Tables, choice: dict[str, ENode], loaded: Loaded, source: Graph,
+                 wraps: dict[str, ENode] | None = None):
         self.snap = snap
         self.tables = tables
         self.choice = choice
+        self.wraps = dict(wraps or {})  # e-class -> a call computing it again from itself (extract_variant)
         self.loaded = loaded
         self.source = source
         self.dec = Decoder(snap, tables)
@@ -58,6 +60,15 @@ class Rebuilder:
         stack = [root]
         while stack:
             cls = stack[-1]
+            if isinstance(cls, tuple):  # ("wrap", e-class): its value is built; compute it again through the wrap
+                wrapped = cls[1]
+                missing = [d for d in self.dec.call_parts(self.wraps[wrapped])[1] if d not in self.values]
+                if missing:
+                    stack.extend(reversed(missing))
+                    continue
+                stack.pop()
+                self.values[wrapped] = self.make_call(wrapped, self.wraps.pop(wrapped))
+                continue
             if cls in self.values:
                 stack.pop()
                 continue
@@ -67,6 +78,8 @@ class Rebuilder:
                 continue
             stack.pop()
             self.values[cls] = self.make(cls)
+            if cls in self.wraps and isinstance(self.values[cls], Node):
+                stack.append(("wrap", cls))
         return self.values[root]
 
     # -- making one value ---------------------------------------------------------------------
@@ -200,8 +213,8 @@ class Rebuilder:
         return live
 
 
-def rebuild(snap, tables, choice, loaded, source: Graph) -> Graph:
-    return Rebuilder(snap, tables, choice, loaded, source).run()
+def rebuild(snap, tables, choice, loaded, source: Graph, wraps: dict | None = None) -> Graph:
+    return Rebuilder(snap, tables, choice, loaded, source, wraps).run()
 
 
 __all__ = ["rebuild", "Rebuilder"]

@@ -95,6 +95,13 @@ def _record_syncs(plan: StreamPlan) -> None:
         out.attrs["syncs"] = out_syncs
 
 
+def stream_timeout_asked(config) -> bool:
+    """Whether ``exec.stream_timeout_s`` was set to a value of the user's (not left at its default)."""
+    from ..config import ExecConfig
+
+    return config.exec.stream_timeout_s != ExecConfig.stream_timeout_s.default
+
+
 def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None, show_code=None):
     """Compile ``graph`` for execution with the kernel backend ``config.exec.kernels`` selects.
 
@@ -131,7 +138,12 @@ def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None,
                  plan.num_syncs, plan.describe())
         if program is None:
             return fn
-        if device.type == "cpu" and policy.tiers_up:
+        if device.type == "cpu" and policy.tiers_up and stream_timeout_asked(config):
+            # A timeout asked for is a promise about the model whatever form it runs in, and only the
+            # worker threads watch a stream: on one stream a stuck op would just run on (issue 45).
+            report.note(f"graph {graph.name}: stream scopes keep their worker threads (exec.stream_timeout_s = "
+                        f"{config.exec.stream_timeout_s} asks for a watchdog, which one stream has not)")
+        elif device.type == "cpu" and policy.tiers_up:
             # Worker threads against the same graph on one stream, tiered up: the faster is kept (measured).
             # On one stream a wait only orders, and the graph's own order already honours every wait
             # (Graph.validate), which is the order the plan follows.

@@ -12,7 +12,9 @@ which form wins depends on the machine, the sizes and the branches, so it is mea
 3. the faster median is kept for good, and the report says which and by how much.
 
 A one-stream gear that cannot tier up (no plan, no kernels: `PlannedProgram` says why) leaves the
-graph on its worker threads, as before.
+graph on its worker threads, as before. So does a timeout the user set (``exec.stream_timeout_s`` at
+a value of their own): only the worker threads watch a stream, and on one stream a stuck op would
+simply run on, so such a graph never gets this choice (`rewrite.exec.stream_timeout_asked`).
 """
 from __future__ import annotations
 

@@ -20,7 +20,10 @@ reuse its memory early, so there is no cross-thread use-after-free to guard agai
 
 A failure on any stream is recorded in the call's `_Frame`, wakes every waiting stream (they stop
 with `_Aborted`), and is re-raised in the caller once every worker has finished. A wait that takes
-longer than ``config.exec.stream_timeout_s`` fails the call the same way instead of hanging.
+longer than ``config.exec.stream_timeout_s`` fails the call the same way instead of hanging, at once:
+the caller does not wait a second timeout for the stuck worker, which is abandoned (it leaves the
+pool when its op returns, see `workers`). In the default mode a graph whose scopes could run on one
+stream keeps these threads when a timeout is set (`rewrite.exec.build_executable`): only they watch.
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ class _Aborted(Exception):
 class _Frame:
     """The shared state of one call: its events, its first error, and the workers still running."""
 
-    __slots__ = ("events", "error", "lock", "pending", "all_done", "timeout", "graph_name")
+    __slots__ = ("events", "error", "lock", "pending", "all_done", "timeout", "graph_name", "abandoned")
 
     def __init__(self, num_events: int, workers: int, timeout: float, graph_name: str):
         self.events = [threading.Event() for _ in range(num_events)]
@@ -62,6 +65,7 @@ class _Frame:
         self.all_done = threading.Event()
         self.timeout = timeout
         self.graph_name = graph_name
+        self.abandoned = False  # the caller stopped waiting for the workers still running (a timeout)
 
     def wait(self, index: int, what: str) -> None:
         if not self.events[index].wait(self.timeout):
@@ -86,11 +90,21 @@ class _Frame:
             self.all_done.set()
 
     def join(self) -> None:
-        if self.pending and not self.all_done.wait(self.timeout):
-            raise StreamTimeoutError(f"graph {self.graph_name}: stream workers did not finish within "
-                                     f"{self.timeout} s (config.exec.stream_timeout_s)")
+        # A stream timed out already: a stuck worker is why, so waiting for it again would double the
+        # time the caller waits beyond the timeout it asked for.
+        timed_out = isinstance(self.error, StreamTimeoutError)
+        if self.pending and (timed_out or not self.all_done.wait(self.timeout)):
+            with self.lock:
+                self.abandoned = bool(self.pending)
+            if not timed_out:
+                raise StreamTimeoutError(f"graph {self.graph_name}: stream workers did not finish within "
+                                         f"{self.timeout} s (config.exec.stream_timeout_s)")
         if self.error is not None:
             raise self.error
+
+    def is_abandoned(self) -> bool:
+        with self.lock:
+            return self.abandoned
 
 
 def _run_side_stream(fn, frame: _Frame, slots: list, inputs: tuple) -> None:
@@ -207,7 +221,8 @@ def compile_cpu_streams(plan: StreamPlan, timeout: float, intra_op_threads: int,
     def launch(frame: _Frame, slots: list, inputs: tuple) -> None:
         workers = pool.lease(len(side_fns))
         for w, fn in zip(workers, side_fns):
-            w.submit(_run_side_stream, (fn, frame, slots, inputs), frame.worker_done, intra_op_threads)
+            w.submit(_run_side_stream, (fn, frame, slots, inputs), frame.worker_done, intra_op_threads,
+                     frame.is_abandoned)
 
     glb["_launch"] = launch
     fn = glb[base]

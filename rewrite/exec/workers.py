@@ -5,6 +5,15 @@ call (creating a worker only when none is idle), so calls running at the same ti
 worker and cannot deadlock each other. Workers block on a queue while idle (no busy waiting), are
 reused by every later call, and are stopped by `shutdown` (also run at interpreter exit).
 
+How many threads (the bound `tests/test_threads_and_settings.py` holds): a compiled model owns at
+most one worker per side stream (a stream scope other than the caller's) of its graph with the most
+side streams, per thread calling it at the same time; nothing else in rewrite starts threads that
+outlive a call. A call that fails, on any stream, returns its workers to the pool: failures never add
+threads. A call that times out (``exec.stream_timeout_s``) leaves its stuck worker running until the
+stuck op returns; that worker then exits instead of rejoining the pool (`abandoned`), so the pool
+is back at its bound. A worker idle for `IDLE_SECONDS` exits (a model that stopped running scopes,
+or whose scopes run on one stream, holds no threads for good); the next call starts one again.
+
 Intra-op threads: a worker sets its own count once (its share of the cores) with
 `utils.set_this_thread_intra_op_threads`, which leaves the count threads created later start with
 as it was.
@@ -26,6 +35,7 @@ log = logging.getLogger("rewrite")
 __all__ = ["WorkerPool", "pool", "shutdown"]
 
 _STOP = object()
+IDLE_SECONDS = 60.0  # an idle worker exits after this long (the next call that needs one starts one)
 
 
 class _Worker:
@@ -38,16 +48,23 @@ class _Worker:
         self.thread = threading.Thread(target=self._loop, name=f"rewrite-stream-{next(self._ids)}", daemon=True)
         self.thread.start()
 
-    def submit(self, fn, args, on_done, intra_op_threads: int) -> None:
-        self.inbox.put((fn, args, on_done, intra_op_threads))
+    def submit(self, fn, args, on_done, intra_op_threads: int, abandoned=None) -> None:
+        """Run ``fn(*args)``, then ``on_done()``; ``abandoned()`` (if given) says, once ``fn`` has
+        returned, whether the call that leased this worker gave up waiting for it (a timeout)."""
+        self.inbox.put((fn, args, on_done, intra_op_threads, abandoned))
 
     def _loop(self) -> None:
         self.intra_op_threads = torch.get_num_threads()
         while True:
-            task = self.inbox.get()
+            try:
+                task = self.inbox.get(timeout=IDLE_SECONDS)
+            except queue.Empty:
+                if self.owner._retire_if_idle(self):
+                    return
+                continue  # leased just now: its task is on the way
             if task is _STOP:
                 return
-            fn, args, on_done, threads = task
+            fn, args, on_done, threads, abandoned = task
             if threads != self.intra_op_threads:
                 with THREAD_COUNT_LOCK:
                     set_this_thread_intra_op_threads(threads)
@@ -55,6 +72,11 @@ class _Worker:
             try:
                 fn(*args)
             finally:
+                if abandoned is not None and abandoned():
+                    # Its call timed out and another worker took its place: leave, so the pool stays at its bound.
+                    self.owner._retire(self)
+                    on_done()
+                    return
                 # Back to the pool first, so the caller's next call finds this worker idle.
                 self.owner._release(self)
                 on_done()
@@ -82,6 +104,25 @@ class WorkerPool:
         with self._lock:
             if w in self._workers:
                 self._idle.append(w)
+
+    def _retire(self, w: _Worker) -> None:
+        with self._lock:
+            if w in self._workers:
+                self._workers.remove(w)
+            if w in self._idle:
+                self._idle.remove(w)
+        log.debug("stream worker %s exits (%d in pool)", w.thread.name, len(self._workers))
+
+    def _retire_if_idle(self, w: _Worker) -> bool:
+        """Remove ``w`` if it is idle (not leased); a leased one stays (its task is coming)."""
+        with self._lock:
+            if w not in self._idle:
+                return w not in self._workers  # shut down already: leave too
+            self._idle.remove(w)
+            self._workers.remove(w)
+        log.debug("stream worker %s idle for %.0f s: exits (%d in pool)", w.thread.name, IDLE_SECONDS,
+                  len(self._workers))
+        return True
 
     @property
     def size(self) -> int:

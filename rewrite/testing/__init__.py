@@ -13,6 +13,11 @@ this package draws them on purpose:
 * `rule_checking`: `check_rule(rule)` / `check_ruleset_module(name)` instantiate a rule's pattern
   with random shapes, dtypes and values that satisfy its conditions and compare both sides bit for
   bit (NaN matches NaN, -0.0 must stay -0.0), printing a counterexample when they differ;
+* `backends`: `check_backend(fn, *inputs, backend=...)` checks a whole compiler: the function's
+  graphs are saturated with the rule library, several equivalent graphs are extracted from the
+  e-graph (`variants`), each is compiled by the backend (`targets`: Inductor, rewrite, any
+  torch.compile backend) and compared with eager on drawn inputs; a disagreement is shrunk and
+  written as a standalone script (`repro`); `check_graphs` runs it over many graphs (a campaign);
 * `fx_pass`: `check_fx_pass(pass_fn)` does the same for any torch.fx pass (Inductor style or
   not) on random graphs lowered to FX with FakeTensor metadata (`fx_graphs`), static or with
   symbolic sizes (`dynamic`: random programs traced by make_fx, run at several valid sizes),
@@ -37,11 +42,17 @@ require("hypothesis", "rewrite.testing")  # before the submodules import it: the
 from .equivalence import (
     assert_equivalent, compare_outputs, compare_tensors, describe_inputs, input_aliases, run_graph, tolerance,
 )
+from .backends import (
+    BackendCheckReport, BackendMismatch, Finding, GraphCase, capture_graphs, case_from_graph, case_from_program,
+    check_backend, check_graphs,
+)
 from .fx_graphs import FxCase, fx_cases, lower_graph
 from .fx_pass import PassCheckReport, check_fx_pass, fx_pass_test, load_pass
 from .rule_checking import (
     SCALAR_CANDIDATES, ModuleCheckReport, RuleCheckReport, check_rule, check_ruleset, check_ruleset_module,
 )
+from .targets import CAMPAIGN_TARGETS, TARGETS, Target, target_for
+from .variants import Variant, equivalent_variants
 from .strategies import (
     ALL_DTYPES, FILL_OPS, FLOAT_DTYPES, GRAPH_DTYPES, INT_DTYPES, MAX_DIM, MAX_RANK, OPS, OpGen, fuzz_examples,
     graph_inputs, graphs, infer_meta, make_tensor, permutations_of, reshapes, shape_of, shapes, special_values,
@@ -79,4 +90,19 @@ __all__ = [
     "lower_graph",
     "describe_inputs",
     "input_aliases",
+    "check_backend",
+    "check_graphs",
+    "capture_graphs",
+    "BackendCheckReport",
+    "BackendMismatch",
+    "Finding",
+    "GraphCase",
+    "case_from_graph",
+    "case_from_program",
+    "Target",
+    "TARGETS",
+    "CAMPAIGN_TARGETS",
+    "target_for",
+    "Variant",
+    "equivalent_variants",
 ]
