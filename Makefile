@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m rewrite demo
 
+# Both cores: the tests run in two worker processes (pytest-xdist), each with its own per-user cache folder.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15 tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --durations=15 tests
 
 # Thousands of random graphs: static ones through the optimizer and the backend (test_fuzz.py),
 # dynamic-shape programs through torch.compile and random gears (test_fuzz_dynamic.py).

@@ -149,6 +149,25 @@ def test_explain_defaults(cwd):
     assert _files(cwd) == []
 
 
+def test_stats_and_strict_defaults(cwd):
+    """rewrite.stats on what torch.compile(backend="rewrite") returned: a static model past its tier-up takes no
+    slow path; config.strict turns the one it would take (a recompile) into rewrite.SlowPathError."""
+    model, x = mlp(), _x()
+    compiled = torch.compile(model, backend="rewrite")
+    with torch.no_grad():
+        for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):
+            torch.testing.assert_close(compiled(x), model(x))
+    stats = rewrite.stats(compiled)
+    assert stats.slow_paths == 0 and stats.recompiles == 0 and stats.pads == 0, stats
+    torch._dynamo.reset()
+    strict = torch.compile(model, backend="rewrite", options={"strict": True}, dynamic=False)
+    with torch.no_grad():
+        strict(x)
+        with pytest.raises(rewrite.SlowPathError, match="recompile|retrace"):
+            strict(_x(batch=3))
+    assert _files(cwd) == []
+
+
 # -- set_dim_gears -----------------------------------------------------------------------------
 
 def test_set_dim_gears_defaults_one_compile_every_gear_equals_eager(cwd):
@@ -578,6 +597,8 @@ PUBLIC_TESTS = {
     "CompilerConfig": test_compiler_config_defaults_are_the_readme_table,
     "ConfigError": test_compiler_config_defaults_are_the_readme_table,
     "explain": test_explain_defaults,
+    "stats": test_stats_and_strict_defaults,
+    "SlowPathError": test_stats_and_strict_defaults,
     "dynamo_export": test_dynamo_export_defaults_write_export_file_and_load_runs_it,
     "load": test_dynamo_export_defaults_write_export_file_and_load_runs_it,
     "ExportError": test_dynamo_export_defaults_write_export_file_and_load_runs_it,

@@ -303,13 +303,14 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
                     gear_graphs[key] = static
             stages.dump(static, "gear")  # static.name carries the gear values
             report.gears[key] = static.op_counts()
-            statics[key] = static
-            log.log(verbose, "gears: graph %d gear %d/%d %s %s in %.2f s", number, n, len(gears), key,
-                    "from the cache" if cached else "optimized", time.perf_counter() - t0)
+            statics[key] = (n, static, cached, time.perf_counter() - t0)
         # The memory all gears will share, predicted before any is built (rewrite.exec.memory.PoolMemory).
-        stages.gears_made(list(statics.values()))
-        for key, static in statics.items():
+        stages.gears_made([static for _, static, _, _ in statics.values()])
+        for key, (n, static, cached, seconds) in statics.items():
+            t0 = time.perf_counter()
             table[key] = build_static(static)
+            log.log(verbose, "gears: graph %d gear %d/%d %s %s in %.2f s", number, n, len(gears), key,
+                    "built from the cache" if cached else "compiled", seconds + time.perf_counter() - t0)
     if not table:
         raise GearError(f"graph {number}: every gear contradicts the traced graph; see the warnings above")
     report.note("gear keys are (" + ", ".join(f"{s.symbol}={s.label}" for s in symbols) + ")")
