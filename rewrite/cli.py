@@ -12,8 +12,11 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import sys
+import tempfile
 
 
 def _rules(_args) -> int:
@@ -166,6 +169,21 @@ def _demo(args) -> int:
     return 0
 
 
+def _hypothesis_home_outside_cwd() -> None:
+    """The checkers draw with hypothesis, which keeps a ``.hypothesis`` folder (example database, a cache of
+    constants) in the working directory: a command run in a user's project must not leave one there. Unless the
+    user chose a place (HYPOTHESIS_STORAGE_DIRECTORY), it goes to a temporary folder removed at exit."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    try:
+        from hypothesis.configuration import set_hypothesis_home_dir
+    except ImportError:  # without the test extra the command says which extra it needs
+        return
+    home = tempfile.TemporaryDirectory(prefix="rewrite-hypothesis-")
+    atexit.register(home.cleanup)
+    set_hypothesis_home_dir(home.name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rewrite", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -232,6 +250,8 @@ def main(argv=None) -> int:
 
         for name in EGGLOG_LOGGERS:
             logging.getLogger(name).setLevel(logging.INFO)
+    if args.command in ("check-pass", "check-backend", "check-rules"):
+        _hypothesis_home_outside_cwd()
     try:
         return args.run(args)
     except MissingExtra as e:  # an optional dependency: say which extra to install, no traceback

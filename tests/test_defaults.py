@@ -392,7 +392,17 @@ def cli_cache(tmp_path):
     assert not os.path.isdir(tmp_path / ".rewrite_cache" / "Model" / "inner_forward")
 
 
+def cli_check_backend(tmp_path):
+    """Only what it needs: the function and its input shapes; the default backend is Inductor."""
+    (tmp_path / "mymodule.py").write_text("def fn(x, y):\n    return x * 2 + (-y)\n")
+    out = _cli(["check-backend", "mymodule:fn", "--shapes", "4,8", "4,8"], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "check_backend: ok" in out.stdout and "inductor" in out.stdout, out.stdout[-2000:]
+    assert not [f for f in os.listdir(tmp_path) if f not in ("mymodule.py", "__pycache__")]  # no repro files: no finding
+
+
 CLI_TESTS = {
+    "check-backend": cli_check_backend,
     "demo": cli_demo,
     "rules": cli_rules,
     "check-rules": cli_check_rules,

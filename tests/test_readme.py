@@ -438,7 +438,17 @@ def cli_cache(tmp_path, monkeypatch):
     assert default.returncode == 0 and ".rewrite_cache" in default.stdout, default.stdout
 
 
+def cli_check_backend(tmp_path, monkeypatch):
+    (tmp_path / "mymodule.py").write_text("def fn(x, y):\n    return x + (-y) * 1.0\n")
+    ok = _cli(["check-backend", "mymodule:fn", "--shapes", "4,8", "4,8", "--backend", "eager", "--examples", "2",
+               "--variants", "2"], tmp_path)
+    assert ok.returncode == 0 and "check_backend: ok" in ok.stdout, ok.stdout[-2000:] + ok.stderr[-3000:]
+    bad = _cli(["check-backend", "mymodule:fn", "--shapes", "4,8:int9"], tmp_path)
+    assert bad.returncode == 2, bad.stdout[-1000:] + bad.stderr[-2000:]
+
+
 CLI_RUNNERS = {
+    "check-backend": cli_check_backend,
     "rules": cli_rules,
     "check-rules": cli_check_rules,
     "calibrate": cli_calibrate,

@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import threading
 
-from ..config import ConfigError
+from ..config import ConfigError, RulesConfig
 from ..dsl import RuleSet
 from . import algebra, fused, gemm, shape_ops
 
@@ -43,15 +43,15 @@ def left_out() -> list[str]:
 
 
 def check_user_rulesets(extra) -> list[RuleSet]:
-    """``config.rules.extra`` validated: a list of RuleSet objects with names not taken."""
+    """``config.rules.extra`` as a compile uses it: RuleSet objects (the config field's own check, again: the
+    list may have been changed in place since it was assigned) whose names no other ruleset has."""
+    extra = RulesConfig.extra.check("config.rules.extra", extra)
     taken = {rs.name for rs in default_rulesets()}
     for i, rs in enumerate(extra):
-        if not isinstance(rs, RuleSet):
-            raise TypeError(f"config.rules.extra[{i}] is a {type(rs).__name__}; expected a rewrite.dsl.RuleSet")
         if rs.name in taken:
             raise ValueError(f"config.rules.extra[{i}]: ruleset name {rs.name!r} is already used; pick another name")
         taken.add(rs.name)
-    return list(extra)
+    return extra
 
 
 def family_of(ruleset_name: str) -> str:

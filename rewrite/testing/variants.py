@@ -22,8 +22,7 @@ import threading
 from ..boundary import keep_outputs_fresh, views_as_reshapes
 from ..egraph import Limits, equivalent_graphs
 from ..ir import Graph
-from ..optimizer import egraph_unsupported
-from ..rules import LIBRARY
+from ..optimizer import egraph_unsupported, library_runs
 
 __all__ = ["Variant", "equivalent_variants", "variant_rulesets", "variant_picks", "RULE_CHOICES"]
 
@@ -37,18 +36,19 @@ _lock = threading.Lock()
 
 
 def variant_rulesets(rules: str = "exact") -> list:
-    """The library's rulesets for variants: exact rules only, or all of them. The same objects every
-    call, so the e-graph engine compiled for them is reused (`rewrite.egraph.engine_for`)."""
+    """The library's rulesets for variants, as (RuleSet, iterations) pairs run as the optimizer's schedule
+    runs them: exact rules only, or all of them. The same objects every call, so the e-graph engine compiled
+    for them is reused (`rewrite.egraph.engine_for`)."""
     if rules not in RULE_CHOICES:
         raise ValueError(f"rules={rules!r}: use 'exact' (bit-for-bit rules only) or 'all' (inexact rules too, "
                          "compared within tolerance)")
     with _lock:
         if rules not in _rulesets:
             if rules == "all":
-                _rulesets[rules] = list(LIBRARY)
+                _rulesets[rules] = library_runs()
             else:
-                kept = [dataclasses.replace(rs, rules=[r for r in rs.rules if r.exact]) for rs in LIBRARY]
-                _rulesets[rules] = [rs for rs in kept if rs.rules]
+                kept = [(dataclasses.replace(rs, rules=[r for r in rs.rules if r.exact]), k) for rs, k in library_runs()]
+                _rulesets[rules] = [(rs, k) for rs, k in kept if rs.rules]
         return _rulesets[rules]
 
 
