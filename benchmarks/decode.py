@@ -15,7 +15,11 @@ batch 1, a 16-token prompt, greedy decoding. Contenders, each on its own copy of
 * ``inductor-freezing``: the same with ``options={"freezing": True}``;
 * ``rewrite``: rewrite's default mode (tiers up after its first step calls);
 * ``rewrite-frozen``: the default mode with ``frozen_parameter = True``;
-* ``rewrite-ro-sk``: reduce-overhead with static kernels, frozen.
+* ``rewrite-ro-sk``: reduce-overhead with static kernels, frozen;
+* ``inductor-freezing-inputs`` and ``rewrite-ro-sk-inputs``: the same two with Dynamo checking only the
+  inputs on each step (``options={"guard_filter_fn": rewrite.inference.input_guards}``: the model's guards
+  dropped, the opt-in of `rewrite.input_guards`); both sides get it, so the pair measures what dropping the
+  model's guards saves a decode step, and the best of each side still compares like with like.
 
 Each contender's first ``generate`` compiles (its time less eager's is the compile time) and a second
 one warms up (rewrite tiers up within it); then ``--repeat`` rounds in which the contenders take turns,
@@ -46,7 +50,9 @@ from _results import cold_caches, machine_line, markdown_table, record_section, 
 import rewrite  # noqa: E402
 from rewrite.backend import get_backend  # noqa: E402
 
-CONTENDERS = ("eager", "inductor", "inductor-freezing", "rewrite", "rewrite-frozen", "rewrite-ro-sk")
+CONTENDERS = ("eager", "inductor", "inductor-freezing", "rewrite", "rewrite-frozen", "rewrite-ro-sk",
+              "inductor-freezing-inputs", "rewrite-ro-sk-inputs")
+INPUT_GUARDS = {"guard_filter_fn": rewrite.inference.input_guards}  # the "-inputs" contenders' torch.compile option
 PROMPT = 16
 BATCH = 1
 
@@ -79,19 +85,20 @@ def _compiled(model, contender: str, build_dir: str):
     if contender == "eager":
         return model
     m = copy.deepcopy(model)
+    guards = INPUT_GUARDS if contender.endswith("-inputs") else {}
     if contender.startswith("inductor"):
-        options = {"freezing": True} if contender == "inductor-freezing" else None
-        m.forward = torch.compile(m.forward, dynamic=False, options=options)
+        options = {"freezing": True} if contender.startswith("inductor-freezing") else {}
+        m.forward = torch.compile(m.forward, dynamic=False, options={**options, **guards} or None)
         return m
     config = rewrite.CompilerConfig()
-    if contender in ("rewrite-frozen", "rewrite-ro-sk"):
+    if contender in ("rewrite-frozen", "rewrite-ro-sk", "rewrite-ro-sk-inputs"):
         config.experimental_config.frozen_parameter = True
-    if contender == "rewrite-ro-sk":
+    if contender.startswith("rewrite-ro-sk"):
         os.makedirs(build_dir, mode=0o700, exist_ok=True)
         config.mode = "reduce-overhead"
         config.experimental_config.aclgraph._aclnn_static_shape_kernel = True
         config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = build_dir
-    m.forward = torch.compile(m.forward, backend=get_backend(config), dynamic=False)
+    m.forward = torch.compile(m.forward, backend=get_backend(config), dynamic=False, options=guards or None)
     return m
 
 
@@ -134,7 +141,7 @@ def run_model(name: str, new_tokens: int, repeat: int, build_root: str) -> dict:
 
 def section(rows: list[dict], args) -> str:
     headers = ["model", *(f"{c} tok/s" for c in CONTENDERS), "rewrite / inductor", "best rewrite / best inductor",
-               "compile s (inductor, freezing, rewrite, frozen, ro-sk)", "tokens equal to eager's"]
+               "ro-sk-inputs / ro-sk", "compile s (" + ", ".join(CONTENDERS[1:]) + ")", "tokens equal to eager's"]
 
     def tps(r, c):
         return f"{r['tokens/s'][c]:.0f}" if c in r["tokens/s"] else f"ERROR: {r['error'].get(c, '?')}".replace("|", "/")
@@ -146,7 +153,9 @@ def section(rows: list[dict], args) -> str:
 
     table = markdown_table(headers, [
         [r["model"], *(tps(r, c) for c in CONTENDERS), ratio(r, ["rewrite"], ["inductor"]),
-         ratio(r, ["rewrite", "rewrite-frozen", "rewrite-ro-sk"], ["inductor", "inductor-freezing"]),
+         ratio(r, ["rewrite", "rewrite-frozen", "rewrite-ro-sk", "rewrite-ro-sk-inputs"],
+               ["inductor", "inductor-freezing", "inductor-freezing-inputs"]),
+         ratio(r, ["rewrite-ro-sk-inputs"], ["rewrite-ro-sk"]),
          ", ".join(f"{r['compile s'][c]:.1f}" if c in r["compile s"] else "-" for c in CONTENDERS[1:]),
          ", ".join(f"{c} {r['match'][c]}" for c in CONTENDERS[1:] if c in r["match"])] for r in rows])
     cmd = f".venv/bin/python benchmarks/decode.py --new-tokens {args.new_tokens} --repeat {args.repeat}"

@@ -4,11 +4,14 @@
 the graph is then compiled once per gear (see `rewrite.gears`). ``cache_compile(self.method)``
 compiles a module's method once and lets later processes load it without Dynamo: the workflow is
 `rewrite.cached_function` (imported at the first call: it brings in the export loader), on top of
-the compile cache's storage in `rewrite.cache`.
+the compile cache's storage in `rewrite.cache`. ``input_guards`` is a ``guard_filter_fn`` for
+``torch.compile(options=...)``: Dynamo then checks only the call's inputs, not the model, on each call
+(`rewrite.input_guards`).
 """
 from .gears import GearError, get_dim_gears, set_dim_gears
+from .input_guards import input_guards
 
-__all__ = ["set_dim_gears", "get_dim_gears", "GearError", "cache_compile"]
+__all__ = ["set_dim_gears", "get_dim_gears", "GearError", "cache_compile", "input_guards"]
 
 
 def cache_compile(func, *, config=None, backend=None, dynamic=True, cache_dir=None, global_rank=None, tp_rank=None,
