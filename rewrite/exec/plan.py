@@ -31,7 +31,7 @@ import dataclasses
 import torch
 
 from ..ir import Graph, Node, is_side_effect
-from ..ops import dtype_str, is_nondeterministic
+from ..ops import draws_random_numbers, dtype_str
 from .memory import assign_offsets
 from .observe import Layout, Observation
 
@@ -218,7 +218,7 @@ def make_plan(graph: Graph, obs: Observation, device_type: str = "cpu", native=N
     kernels: dict[int, str] = {}
     for n in order:
         if n.kind != "call" or not _owns_all(n, obs) or _has_subgraph(n) or is_side_effect(n) \
-                or is_nondeterministic(n.target):
+                or draws_random_numbers(n.target, n.args, n.kwargs):  # attention without dropout is planned
             continue
         key = native(n, obs) if native is not None else None
         if key is not None:
@@ -269,7 +269,7 @@ def make_plan(graph: Graph, obs: Observation, device_type: str = "cpu", native=N
             plans[pos[n.id]] = NodePlan(owner_kind[n.id], bufs, [False] * width, kernels.get(n.id))
             if all(f is not None and planned(storage_of(f)) for f in facts):
                 fixed_value.add(n.id)
-        elif (not is_side_effect(n) and not _has_subgraph(n) and not is_nondeterministic(n.target)
+        elif (not is_side_effect(n) and not _has_subgraph(n) and not draws_random_numbers(n.target, n.args, n.kwargs)
               and all(stays(f) for f in facts) and all(m.id in fixed_value for m in n.inputs)):
             plans[pos[n.id]] = NodePlan("fixed", [None] * width, [False] * width)
             fixed_value.add(n.id)

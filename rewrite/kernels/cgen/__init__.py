@@ -23,6 +23,8 @@ What gets a kernel (everything else runs its ATen kernel):
 * inference batch norm (``_native_batch_norm_legit_no_training``) and 2-D max pooling with indices
   (``max_pool2d_with_indices``) at any strides, channels-last too;
 * ``sum``/``mean`` over listed dims (summed in double, in memory order);
+* scaled dot-product attention (ATen's CPU flash op) with up to 512 keys, causal or masked, GQA
+  (`attention`);
 * a group of neighbouring pointwise steps and inference batch norms of one shape as one loop
   (`fused._fused`; the planner picks the groups, `rewrite.kernels.fusion`).
 
@@ -31,11 +33,12 @@ agree to float rounding; tests compare with eager at every gear.
 
 The generator is split by op family, one module each (as fx2trt's converters are): `core` (version,
 C types, the emitting helpers), `runtime`, `pointwise`, `norms`, `softmax`, `reductions`, `gemm`,
-`gathers`, `copies`, `pooling` and `fused`; the table below maps each op to its family's generator.
+`gathers`, `copies`, `pooling`, `attention` and `fused`; the table below maps each op to its family's generator.
 """
 from __future__ import annotations
 
 from ..signature import FUSED
+from .attention import _attention
 from .copies import _cat, _constant_pad
 from .core import ERRORS, PARALLEL_MIN, VERSION, Unsupported
 from .fused import _fused
@@ -84,4 +87,5 @@ _FAMILIES.update({
     FUSED: _fused,
     "aten.sum.dim_IntList": lambda sig, symbol: _reduction(sig, symbol, False),
     "aten.mean.dim": lambda sig, symbol: _reduction(sig, symbol, True),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": _attention,
 })

@@ -13,8 +13,8 @@ from ..signature import value_of
 
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
-VERSION = 11  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean; 9: max pooling; 10: index;
-# 11: fused pointwise steps
+VERSION = 12  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean; 9: max pooling; 10: index;
+# 11: fused pointwise steps; 12: attention
 ERRORS = {1: (IndexError, "index out of range in self")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768

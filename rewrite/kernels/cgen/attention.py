@@ -1,0 +1,121 @@
+"""Scaled dot-product attention (``_scaled_dot_product_flash_attention_for_cpu``) at static sizes: one query
+row at a time, its scores, softmax and weighted sum of the values computed without leaving the row.
+
+ATen's CPU flash attention tiles the work for large sequences (GEMMs per block, thread-local buffers,
+a parallel loop); at the sizes of a served model's heads its fixed cost is most of its time (about 20 us a
+call for 4 heads of 8 tokens on this machine, most of a tiny decoder layer's budget). Here everything is
+a constant: sizes, strides, the scale, the GQA group; the dot products and the value sums vectorize over
+the head dim.
+
+Numerics follow ATen's kernel for key lengths it handles in one block (up to `MAX_KEYS`): scores are
+``q.k * scale + mask`` (keys after the query's position are skipped when causal), a row whose maximum is
+-inf (fully masked) gives zeros and a logsumexp of 0, otherwise ``exp(s - max)`` weights and logsumexp
+``max + log(sum)``, all in the input's type. A NaN score makes its row NaN. (ATen's own answer for such a
+row depends on where the NaN falls: its vectorized maximum keeps a NaN, the scalar loop over a row's last
+elements drops it, and a row of NaN scores it drops entirely gives zeros; measured on torch 2.13.) Longer key lengths,
+where ATen's blocks change the treatment of special values, keep ATen's kernel.
+"""
+from __future__ import annotations
+
+import math
+
+from ..signature import value_of
+from .core import _CTYPE, _FLOATS, Unsupported, _args, _broadcast, _fn, _function, _literal
+
+MAX_KEYS = 512  # ATen's CPU flash attention takes up to 512 keys in one block
+MAX_HEAD = 1024  # the value head dim: the row's accumulator lives on the stack
+PARALLEL_WORK = 1 << 17  # multiply-adds from which the heads are split over threads
+
+
+def _attention(sig, symbol):
+    args = _args(sig)
+    q, k, v = (sig["inputs"][args[name]["tensor"]] for name in ("query", "key", "value"))
+    out, lse = sig["outputs"]
+    dtypes = {q["dtype"], k["dtype"], v["dtype"], out["dtype"], lse["dtype"]}
+    if len(dtypes) != 1 or q["dtype"] not in _FLOATS or value_of(args["dropout_p"]) != 0:
+        raise Unsupported
+    if any(len(d["size"]) != 4 for d in (q, k, v, out)) or len(lse["size"]) != 3:
+        raise Unsupported
+    B, H, L, E = q["size"]
+    _, Hk, S, Ek = k["size"]
+    Ev = v["size"][3]
+    if k["size"][0] != B or v["size"][:3] != [B, Hk, S] or Ek != E or out["size"] != [B, H, L, Ev] \
+            or lse["size"] != [B, H, L] or Hk == 0 or H % Hk:
+        raise Unsupported
+    if not 0 < S <= MAX_KEYS or not 0 < Ev <= MAX_HEAD or min(B, H, L, E) == 0:
+        raise Unsupported
+    if any(d["stride"][3] != 1 and d["size"][3] > 1 for d in (q, k, v)):
+        # ATen's kernel reads the head dim as contiguous whatever its stride (SDPA only calls it so): its result
+        # for other strides is not attention, and a kernel computing attention would differ from eager
+        raise Unsupported
+    T = _CTYPE[q["dtype"]]
+    scale_v = value_of(args.get("scale"))
+    scale = _literal(1.0 / math.sqrt(E) if scale_v is None else scale_v, T)
+    mask = args.get("attn_mask")
+    ms = None
+    if mask is not None:
+        m = sig["inputs"][mask["tensor"]]
+        if m["dtype"] != q["dtype"]:
+            raise Unsupported
+        ms = _broadcast(m, [B, H, L, S])
+    causal = bool(value_of(args["is_causal"]))
+    if causal and ms is not None:  # SDPA never passes both (it refuses them); ATen's kernel then reads further
+        raise Unsupported
+    group = H // Hk
+    qs, ks, vs, os_, ls = q["stride"], k["stride"], v["stride"], out["stride"], lse["stride"]
+    xq, xk, xv = (f"x{args[name]['tensor']}" for name in ("query", "key", "value"))
+    exp, log = _fn("exp", T), _fn("log", T)
+    keys = "(i + 1 < S ? i + 1 : S)" if causal else "S"  # causal: keys 0..i (SDPA's top-left aligned mask)
+    score = f"d * {scale}" + (f" + mb[i * {ms[2]}LL + j * {ms[3]}LL]" if ms is not None else "")
+    parallel = B * H > 1 and B * H * L * S * (E + Ev) >= PARALLEL_WORK
+    body = [
+        f"  const int64_t S = {S}LL;",
+        "  #pragma omp parallel for collapse(2)" if parallel else "",
+        f"  for (int64_t b = 0; b < {B}LL; b++)",
+        f"  for (int64_t h = 0; h < {H}LL; h++) {{",
+        f"    const {T} *qb = {xq} + b * {qs[0]}LL + h * {qs[1]}LL;",
+        f"    const {T} *kb = {xk} + b * {ks[0]}LL + (h / {group}LL) * {ks[1]}LL;",
+        f"    const {T} *vb = {xv} + b * {vs[0]}LL + (h / {group}LL) * {vs[1]}LL;",
+        (f"    const {T} *mb = x{mask['tensor']} + b * {ms[0]}LL + h * {ms[1]}LL;" if ms is not None else ""),
+        f"    {T} s[{S}], acc[{Ev}];",
+        f"    for (int64_t i = 0; i < {L}LL; i++) {{",
+        f"      const {T} *qi = qb + i * {qs[2]}LL;",
+        f"      const int64_t n = {keys};",
+        f"      {T} mx = -INFINITY;",
+        "      for (int64_t j = 0; j < n; j++) {",
+        f"        const {T} *kj = kb + j * {ks[2]}LL;",
+        f"        {T} d = 0;",
+        "        #pragma omp simd reduction(+:d)",
+        f"        for (int64_t e = 0; e < {E}LL; e++) d += qi[e * {qs[3]}LL] * kj[e * {ks[3]}LL];",
+        f"        d = {score};",
+        "        s[j] = d;",
+        "        if (d > mx || d != d) mx = (mx != mx) ? mx : d;  /* a NaN score makes the row NaN */",
+        "      }",
+        f"      {T} sum = 0;",
+        f"      for (int64_t e = 0; e < {Ev}LL; e++) acc[e] = 0;",
+        "      if (mx != -INFINITY) {",
+        f"        for (int64_t j = 0; j < n; j++) {{ {T} p = {exp}(s[j] - mx); s[j] = p; sum += p; }}",
+        "      } else {  /* fully masked: every weight 0 (ATen's answer) */",
+        "        for (int64_t j = 0; j < n; j++) s[j] = 0;",
+        "        mx = 0;",
+        "      }",
+        # ATen multiplies the weights of every key of its block (all of them, up to 512) with the values, the
+        # zero weights of masked and causally hidden keys too: a NaN or inf value there makes the row NaN in
+        # eager, and here as well
+        "      for (int64_t j = n; j < S; j++) s[j] = 0;",
+        "      for (int64_t j = 0; j < S; j++) {",
+        f"        const {T} *vj = vb + j * {vs[2]}LL;",
+        f"        const {T} p = s[j];",
+        "        #pragma omp simd",
+        f"        for (int64_t e = 0; e < {Ev}LL; e++) acc[e] += p * vj[e * {vs[3]}LL];",
+        "      }",
+        "      if (sum == 0) sum = 1;",
+        f"      const {T} inv = (({T})1) / sum;",
+        f"      {T} *o = y0 + b * {os_[0]}LL + h * {os_[1]}LL + i * {os_[2]}LL;",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {Ev}LL; e++) o[e * {os_[3]}LL] = acc[e] * inv;",
+        f"      y1[b * {ls[0]}LL + h * {ls[1]}LL + i * {ls[2]}LL] = mx + {log}(sum);",
+        "    }",
+        "  }",
+    ]
+    return _function(symbol, [ln for ln in body if ln], sig)
