@@ -389,6 +389,18 @@ def _factory(node, states, s):
     return _row_of_shape(_shape(node.meta), s) or INDEP
 
 
+def _assertion(node, states, s):
+    """``_assert_scalar(cond, msg)``: a runtime check on sizes that Dynamo leaves in a graph with unbacked sizes
+    (a ShapeVar's range: ``u0 <= 32``). It has no value and reads no row, so it never mixes rows; without this
+    rule every ShapeVar-declared graph refused padding and ran its sizes between gears on the dynamic graph. A
+    padded call runs a gear's static graph, whose own assertions held when that gear was built. A condition
+    computed from rows (not from sizes) still refuses."""
+    for n, st in _tensor_states(node, states):
+        if isinstance(st, Row):
+            raise NotRowwise(f"node %{node.name} ({node.op}) asserts on the rows of {s}")
+    return INDEP
+
+
 def _getitem(node, states, s):
     st = states[0]
     return st[node.args[1]] if isinstance(st, tuple) else st
@@ -425,6 +437,7 @@ _TRANSFER = ops.family_table(
     ({aten.index_select.default}, _index_select),
     ({aten.cat.default}, _cat),
     ({operator.getitem}, _getitem),
+    ({aten._assert_scalar.default}, _assertion),
     # they broadcast like pointwise ops, though masked_fill.Tensor carries no pointwise tag
     ({aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor}, _pointwise),
 )

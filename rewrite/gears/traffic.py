@@ -85,7 +85,8 @@ class Recording:
 
     def histogram(self, stream=None) -> dict:
         """``{size: calls}`` of one stream: `Stream`, or a part of its name (``"x dim 0"``); None: the only
-        stream, or the only one that took more than one size."""
+        stream, or the only one that took more than one size (or the first of several that took the same sizes
+        as often: the dims of one size symbol, input_ids and attention_mask dim 0 of a model, say)."""
         return self.select(stream)[1]
 
     def select(self, stream=None) -> tuple[str, dict]:
@@ -108,6 +109,10 @@ class Recording:
                 return str(s), h
             varying = [s for s, h in streams.items() if len(h) > 1]
             if len(varying) == 1:
+                return str(varying[0]), streams[varying[0]]
+            if len(varying) > 1 and all(streams[s] == streams[varying[0]] for s in varying):
+                # the dims of one size symbol (input_ids and attention_mask dim 0 of a model) took the same
+                # traffic: each gives the same plan; the first recorded is named
                 return str(varying[0]), streams[varying[0]]
             raise GearError(f"plan_gears: the recording has {len(streams)} streams ({len(varying)} took more than "
                             f"one size); pick one with stream=: {self._names(streams)}")
@@ -215,11 +220,17 @@ def recorded(fn, graph, unit):
         for sym, info in sorted(graph.symbols.items(), key=lambda kv: str(kv[0])):
             if info.input_index is None or info.dim is None or info.input_index >= len(placeholders):
                 continue  # only a SymInt input: no dimension to name
-            streams.append(Stream(function, dim_label(unit, info.input_index, info.dim)))
             if info.scalar_input_index is not None:
-                readers.append(operator.itemgetter(info.scalar_input_index))
+                read = operator.itemgetter(info.scalar_input_index)
             else:
-                readers.append(_shape_reader(info.input_index, info.dim))
+                read = _shape_reader(info.input_index, info.dim)
+            # Every input dim that IS this symbol is a stream: Dynamo names a symbol after one input (a decoder's
+            # attention_mask dim 0), but input_ids dim 0 took the same sizes. Recorded under one name only, the
+            # other dim's stream held just the calls of a graph Dynamo specialized to batch 1 (which records
+            # each of its size-1 dims), and plan_gears(rec, stream="input_ids dim 0") planned for that part.
+            for i, d in [(info.input_index, info.dim)] + _same_size(sym, placeholders, unit, info):
+                streams.append(Stream(function, dim_label(unit, i, d)))
+                readers.append(read)
         register_symbolic(function, [s.dim for s in streams])
     origin = getattr(unit, "origin", None)
     if origin is not None:  # dims Dynamo specialized to 0 or 1 (sizes it never leaves symbolic)
@@ -251,6 +262,20 @@ def recorded(fn, graph, unit):
 
     call.__wrapped__ = fn
     return call
+
+
+def _same_size(sym, placeholders, unit, info) -> list:
+    """(input index, dim) of the other input dims whose size is exactly ``sym``."""
+    from ..ir import TensorMeta
+
+    out = []
+    for i, p in enumerate(placeholders):
+        if i in unit.weights or not isinstance(p.meta, TensorMeta) or p.meta.shape is None:
+            continue
+        for d, size in enumerate(p.meta.shape):
+            if (i, d) != (info.input_index, info.dim) and not _is_int(size) and size == sym:
+                out.append((i, d))
+    return out
 
 
 def _shape_reader(i: int, d: int):
