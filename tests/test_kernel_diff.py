@@ -508,10 +508,33 @@ def _attention(rng) -> Case:
     return Case("attention", aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v, 0.0, causal), kwargs)
 
 
+def _conv(rng) -> Case:
+    """A small 1-d or 2-d convolution (the sizes the generator takes): grouped, depthwise and dense, strides,
+    padding, dilation, with or without bias, the input in any layout (channels-last among the permutations)."""
+    dtype = _dtype(rng, 0.2)
+    rank = rng.choice([1, 2, 2])
+    groups = rng.choice([1, 1, 2, 4])
+    cg, ocg = rng.choice([1, 2, 3, 8]), rng.choice([1, 2, 4, 8])
+    if rng.random() < 0.2:
+        groups, cg, ocg = rng.choice([8, 16]), 1, rng.choice([1, 2])  # depthwise
+    n = rng.choice([1, 1, 2, 3])
+    kernel = [rng.choice([1, 2, 3, 3, 5, 7]) for _ in range(rank)]
+    stride = [rng.choice([1, 1, 2, 3]) for _ in range(rank)]
+    dilation = [rng.choice([1, 1, 1, 2]) for _ in range(rank)]
+    padding = [rng.randint(0, (k - 1) * d) for k, d in zip(kernel, dilation)]
+    spatial = [max(rng.choice([1, 3, 4, 8, 16, 19, 33]), (k - 1) * d + 1 - 2 * p)
+               for k, d, p in zip(kernel, dilation, padding)]
+    x = _layout(rng, _values(rng, [n, cg * groups] + spatial, dtype, special=0.02), 0.5)
+    w = _layout(rng, _values(rng, [ocg * groups, cg] + kernel, dtype, scale=0.3, special=0.0), 0.3)
+    b = _values(rng, [ocg * groups], dtype, special=0.0) if rng.random() < 0.6 else None
+    return Case("convolution", aten.convolution.default,
+                (x, w, b, stride, padding, dilation, False, [0] * rank, groups))
+
+
 # how often each family is drawn
 _FAMILIES = [(_unary, 6), (_binary, 6), (_compare, 3), (_select, 2), (_clamps, 2), (_gelu, 1), (_copy, 3),
              (_layer_norm, 3), (_softmax, 3), (_gemm, 4), (_embedding, 1), (_cat, 2), (_batch_norm, 2),
-             (_constant_pad, 2), (_reduction, 2), (_max_pool, 2), (_index, 1), (_attention, 3)]
+             (_constant_pad, 2), (_reduction, 2), (_max_pool, 2), (_index, 1), (_attention, 3), (_conv, 3)]
 
 
 def draw(index: int, seed: int = SEED) -> Case:
@@ -621,6 +644,11 @@ def tolerance(case: Case, want: torch.Tensor, wants: list, output: int) -> tuple
         alpha = (1.0 if w is None else _finite_max(w)) / math.sqrt(max(var.min().item(), 0.0) + bn_eps)
         terms = (_finite_max(x) + _finite_max(mean)) * alpha + (0.0 if b is None else _finite_max(b))
         return 16 * eps, 8 * eps * max(terms, 1e-30)
+    if fam == "convolution":  # a sum of C/g * taps products (and the bias) in another order than ATen's
+        x, w, b = tensors[:3]
+        terms = w.shape[1] * math.prod(w.shape[2:])
+        scale = _finite_max(x) * _finite_max(w) * terms + (0.0 if b is None else _finite_max(b))
+        return 16 * eps, 8 * eps * max(scale, 1e-30)
     if fam == "attention":
         # scores q.k * scale summed in another order than ATen's blocked GEMM: their error, through the
         # softmax weights, times the values; the logsumexp carries the scores' error
@@ -824,3 +852,15 @@ def test_regression_examples(tmp_path, name):
     case.label = name
     ran = check([case], tmp_path)
     assert ran[case.family] == 1, f"{name}: the case no longer gets a static kernel; it tests nothing"
+
+
+def test_an_attention_row_with_a_nan_score_is_nan(tmp_path):
+    """ATen's answer for such a row depends on where the NaN falls in its vector loop (a row of NaN scores it
+    drops entirely gives zeros: here the first query row); the kernel's row is NaN wherever the NaN is."""
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    q[0, :, 0, 0] = math.nan
+    case = Case("attention", aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v, 0.0, False))
+    (sig, got, want), = run_batch([case], tmp_path)
+    assert sig is not None, "the case got no static kernel"
+    assert bool(got[0][0, :, 0].isnan().all()) and bool(got[1][0, :, 0].isnan().all())
+    torch.testing.assert_close(got[0][0, :, 1:], want[0][0, :, 1:])  # the other rows: attention

@@ -446,3 +446,35 @@ def test_unsupported_signatures_get_no_kernel():
     assert cgen.generate(dict(sig, op="aten.nonexistent.default"), "k_x") is None
     with pytest.raises(signature.SignatureError):
         signature.check(dict(sig, op="os.system"))
+
+
+class _ConvAttention(torch.nn.Module):
+    """A stem convolution, a depthwise and a 1x1 one, a 1-d convolution over the pixels, then attention over them."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.depthwise = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pointwise = torch.nn.Conv2d(16, 16, 1)
+        self.mix = torch.nn.Conv1d(16, 16, 3, padding=1)
+        self.attention = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        h = self.pointwise(torch.relu(self.depthwise(self.stem(x))))
+        tokens = self.mix(h.flatten(2)).transpose(1, 2)  # [N, pixels, 16]
+        return self.attention(tokens, tokens, tokens, need_weights=False)[0]
+
+
+def test_small_convolutions_and_attention_run_as_static_kernels_and_match_eager(home):
+    torch.manual_seed(0)
+    model = _ConvAttention().eval()
+    compiled = torch.compile(model, backend=rewrite.get_backend(_config(home)), fullgraph=True)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        compiled(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = compiled(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    aten_ops = {e.name for e in prof.events()}
+    assert "aten::_convolution" not in aten_ops, "a convolution ran ATen's kernel"
+    assert not any("scaled_dot_product" in name for name in aten_ops), "attention ran ATen's kernel"

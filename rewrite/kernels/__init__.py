@@ -179,8 +179,8 @@ class StaticKernels:
         """The kernel key for ``node``, or None when it runs its ATen kernel."""
         if not self.enabled or not isinstance(node.target, torch._ops.OpOverload):
             return None
-        if node.target in GEMMS and not self.gemm:
-            return None
+        if (node.target in GEMMS or node.target is torch.ops.aten.convolution.default) and not self.gemm:
+            return None  # their kernels call the BLAS ATen uses
         try:
             sig = signature.of_node(node, obs.facts)
         except signature.SignatureError:

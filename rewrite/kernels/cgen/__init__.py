@@ -24,7 +24,7 @@ What gets a kernel (everything else runs its ATen kernel):
   (``max_pool2d_with_indices``) at any strides, channels-last too;
 * ``sum``/``mean`` over listed dims (summed in double, in memory order);
 * scaled dot-product attention (ATen's CPU flash op) with up to 512 keys, causal or masked, GQA
-  (`attention`);
+  (`attention`); small 1-d and 2-d convolutions, grouped and depthwise too (`conv`);
 * a group of neighbouring pointwise steps and inference batch norms of one shape as one loop
   (`fused._fused`; the planner picks the groups, `rewrite.kernels.fusion`).
 
@@ -33,12 +33,13 @@ agree to float rounding; tests compare with eager at every gear.
 
 The generator is split by op family, one module each (as fx2trt's converters are): `core` (version,
 C types, the emitting helpers), `runtime`, `pointwise`, `norms`, `softmax`, `reductions`, `gemm`,
-`gathers`, `copies`, `pooling`, `attention` and `fused`; the table below maps each op to its family's generator.
+`gathers`, `copies`, `pooling`, `attention`, `conv` and `fused`; the table below maps each op to its family's generator.
 """
 from __future__ import annotations
 
 from ..signature import FUSED
 from .attention import _attention
+from .conv import _convolution
 from .copies import _cat, _constant_pad
 from .core import ERRORS, PARALLEL_MIN, VERSION, Unsupported
 from .fused import _fused
@@ -88,4 +89,5 @@ _FAMILIES.update({
     "aten.sum.dim_IntList": lambda sig, symbol: _reduction(sig, symbol, False),
     "aten.mean.dim": lambda sig, symbol: _reduction(sig, symbol, True),
     "aten._scaled_dot_product_flash_attention_for_cpu.default": _attention,
+    "aten.convolution.default": _convolution,
 })

@@ -14,8 +14,9 @@ from ..signature import value_of
 
 # Bump whenever generated code changes: it is part of every kernel's key, so old artifacts go stale.
 VERSION = 12  # 7: batch norm, constant padding, loops in memory order; 8: sum, mean; 9: max pooling; 10: index;
-# 11: fused pointwise steps; 12: attention
-ERRORS = {1: (IndexError, "index out of range in self")}
+# 11: fused pointwise steps; 12: attention, convolution
+ERRORS = {1: (IndexError, "index out of range in self"),
+          2: (MemoryError, "a static kernel could not allocate its scratch memory")}
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
 

@@ -10,6 +10,7 @@ _MATH = ("exp", "log", "tanh", "sin", "cos", "erf", "expm1", "log1p", "pow")
 
 RUNTIME = r"""
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 typedef int (*rw_kernel)(void **);
