@@ -25,6 +25,7 @@ from .core import _CTYPE, _FLOATS, Unsupported, _args, _broadcast, _fn, _functio
 MAX_KEYS = 512  # ATen's CPU flash attention takes up to 512 keys in one block
 MAX_HEAD = 1024  # the value head dim: the row's accumulator lives on the stack
 PARALLEL_WORK = 1 << 17  # multiply-adds from which the heads are split over threads
+MAX_TRANSPOSED = 16384  # a head's keys up to this many elements are transposed on the stack (64 KiB of float)
 
 
 def _attention(sig, symbol):
@@ -66,8 +67,34 @@ def _attention(sig, symbol):
     xq, xk, xv = (f"x{args[name]['tensor']}" for name in ("query", "key", "value"))
     exp, log = _fn("exp", T), _fn("log", T)
     keys = "(i + 1 < S ? i + 1 : S)" if causal else "S"  # causal: keys 0..i (SDPA's top-left aligned mask)
-    score = f"d * {scale}" + (f" + mb[i * {ms[2]}LL + j * {ms[3]}LL]" if ms is not None else "")
+    masked = f" + mb[i * {ms[2]}LL + j * {ms[3]}LL]" if ms is not None else ""
     parallel = B * H > 1 and B * H * L * S * (E + Ev) >= PARALLEL_WORK
+    transposed = E * S <= MAX_TRANSPOSED
+    if transposed:  # the head's keys as [E, S] on the stack: a query row's scores are one loop over the keys per dim
+        keys_prologue = [
+            f"    {T} kt[{E * S}];",
+            f"    for (int64_t j = 0; j < {S}LL; j++)",
+            f"      for (int64_t e = 0; e < {E}LL; e++) kt[e * {S}LL + j] = kb[j * {ks[2]}LL + e * {ks[3]}LL];"]
+        scores = [
+            "      for (int64_t j = 0; j < n; j++) s[j] = 0;",
+            f"      for (int64_t e = 0; e < {E}LL; e++) {{",
+            f"        const {T} qe = qi[e * {qs[3]}LL];",
+            f"        const {T} *kte = kt + e * {S}LL;",
+            "        #pragma omp simd",
+            "        for (int64_t j = 0; j < n; j++) s[j] += qe * kte[j];",
+            "      }",
+            "      #pragma omp simd",
+            f"      for (int64_t j = 0; j < n; j++) s[j] = s[j] * {scale}{masked};"]
+    else:
+        keys_prologue = []
+        scores = [
+            "      for (int64_t j = 0; j < n; j++) {",
+            f"        const {T} *kj = kb + j * {ks[2]}LL;",
+            f"        {T} d = 0;",
+            "        #pragma omp simd reduction(+:d)",
+            f"        for (int64_t e = 0; e < {E}LL; e++) d += qi[e * {qs[3]}LL] * kj[e * {ks[3]}LL];",
+            f"        s[j] = d * {scale}{masked};",
+            "      }"]
     body = [
         f"  const int64_t S = {S}LL;",
         "  #pragma omp parallel for collapse(2)" if parallel else "",
@@ -78,22 +105,18 @@ def _attention(sig, symbol):
         f"    const {T} *vb = {xv} + b * {vs[0]}LL + (h / {group}LL) * {vs[1]}LL;",
         (f"    const {T} *mb = x{mask['tensor']} + b * {ms[0]}LL + h * {ms[1]}LL;" if ms is not None else ""),
         f"    {T} s[{S}], acc[{Ev}];",
+        *keys_prologue,
         f"    for (int64_t i = 0; i < {L}LL; i++) {{",
         f"      const {T} *qi = qb + i * {qs[2]}LL;",
         f"      const int64_t n = {keys};",
+        *scores,
         f"      {T} mx = -INFINITY;",
-        "      for (int64_t j = 0; j < n; j++) {",
-        f"        const {T} *kj = kb + j * {ks[2]}LL;",
-        f"        {T} d = 0;",
-        "        #pragma omp simd reduction(+:d)",
-        f"        for (int64_t e = 0; e < {E}LL; e++) d += qi[e * {qs[3]}LL] * kj[e * {ks[3]}LL];",
-        f"        d = {score};",
-        "        s[j] = d;",
-        "        if (d > mx || d != d) mx = (mx != mx) ? mx : d;  /* a NaN score makes the row NaN */",
-        "      }",
+        "      for (int64_t j = 0; j < n; j++)  /* a NaN score makes the row NaN */",
+        "        if (s[j] > mx || s[j] != s[j]) mx = (mx != mx) ? mx : s[j];",
         f"      {T} sum = 0;",
         f"      for (int64_t e = 0; e < {Ev}LL; e++) acc[e] = 0;",
         "      if (mx != -INFINITY) {",
+        "        #pragma omp simd reduction(+:sum)",
         f"        for (int64_t j = 0; j < n; j++) {{ {T} p = {exp}(s[j] - mx); s[j] = p; sum += p; }}",
         "      } else {  /* fully masked: every weight 0 (ATen's answer) */",
         "        for (int64_t j = 0; j < n; j++) s[j] = 0;",
