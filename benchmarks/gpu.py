@@ -20,7 +20,8 @@ Sections:
 * **decode**: the Llama-style decoder, prompt 32, 64 new tokens, greedy, transformers' static-cache
   ``generate``: true eager (``disable_compile=True``); ``generate``'s own compile (Inductor,
   reduce-overhead); rewrite through transformers' door (``generation_config.compile_config =
-  CompileConfig(backend="rewrite")``); rewrite's default mode through the same door (``mode=None``);
+  CompileConfig(backend="rewrite")``), and the same with Dynamo checking only the inputs (``options=
+  {"guard_filter_fn": rewrite.inference.input_guards}``); rewrite's default mode through the same door (``mode=None``);
   ``model.forward`` compiled with rewrite reduce-overhead and ``generate``'s own compile switched off.
   Tokens per second (median of rounds); every contender's tokens compared with eager's.
 """
@@ -296,10 +297,10 @@ def bench_decode(rounds: int, new_tokens: int = 64) -> list[list]:
     ids = torch.randint(4, 32000, (1, 32), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     want = _generate(base, ids, new_tokens, disable_compile=True)
 
-    def door(backend, mode="reduce-overhead"):
+    def door(backend, mode="reduce-overhead", options=None):
         def make():
             m = copy.deepcopy(base)
-            m.generation_config.compile_config = CompileConfig(backend=backend, mode=mode)
+            m.generation_config.compile_config = CompileConfig(backend=backend, mode=mode, options=options)
             return m, {}
         return make
 
@@ -312,6 +313,8 @@ def bench_decode(rounds: int, new_tokens: int = 64) -> list[list]:
         "eager (disable_compile=True)": lambda: (base, {"disable_compile": True}),
         "generate's own compile (Inductor)": lambda: (copy.deepcopy(base), {}),
         "rewrite: CompileConfig(backend='rewrite')": door("rewrite"),
+        "rewrite, model's guards dropped: CompileConfig(backend='rewrite', options=input_guards)":
+            door("rewrite", options={"guard_filter_fn": rewrite.inference.input_guards}),
         "rewrite default mode: CompileConfig(backend='rewrite', mode=None)": door("rewrite", None),
         "rewrite reduce-overhead: model.forward compiled": forward_compiled,
     }

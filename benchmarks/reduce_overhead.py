@@ -12,6 +12,9 @@ not interfere, all timed in one process with interleaved rounds (paired medians)
 * ``eager``;
 * ``inductor``: Inductor with PyTorch's own gears, ``mark_dynamic(x, 0, specialize_on=[...])``;
 * ``inductor frz+cpp``: the same with ``freezing=True`` and ``cpp_wrapper=True``;
+* ``inductor dynamic``: one dynamic graph, ``torch.compile(dynamic=True)`` (Dynamo still makes batch 1 a
+  static graph of its own); ``inductor dyn frz+cpp``: the same with freezing and cpp_wrapper (issue 44's
+  question: do gears beat one dynamic graph of Inductor's);
 * ``rewrite``: ``set_dim_gears`` with the default mode (max-autotune, ATen kernels);
 * ``rewrite ro``: ``mode="reduce-overhead"`` (execution plan per gear);
 * ``rewrite ro+sk``: reduce-overhead with static kernels.
@@ -58,8 +61,12 @@ FIRST = 1
 SEQ = 32
 # Warm-up calls per gear before timing: the default mode tiers a gear up after exec.tier_up_calls.
 WARMUP = rewrite.CompilerConfig().exec.tier_up_calls + 2
-CONTENDERS = ["eager", "inductor", "inductor frz+cpp", "rewrite", "rewrite ro", "rewrite ro+sk"]
-INDUCTOR_OPTIONS = {"inductor": {}, "inductor frz+cpp": {"freezing": True, "cpp_wrapper": True}}
+CONTENDERS = ["eager", "inductor", "inductor frz+cpp", "inductor dynamic", "inductor dyn frz+cpp", "rewrite",
+              "rewrite ro", "rewrite ro+sk"]
+INDUCTOR_OPTIONS = {"inductor": {}, "inductor frz+cpp": {"freezing": True, "cpp_wrapper": True},
+                    "inductor dynamic": {}, "inductor dyn frz+cpp": {"freezing": True, "cpp_wrapper": True}}
+DYNAMIC = ("inductor dynamic", "inductor dyn frz+cpp")  # dynamic=True instead of PyTorch's gears
+GEARS_VS_DYNAMIC = 0.95  # issue 44: every gear at or below 0.95x of Inductor dynamic=True
 
 
 class TinyBlock(torch.nn.Module):
@@ -138,7 +145,10 @@ class Contender:
             self.fn = model
             return
         tag = name.replace(" ", "_").replace("+", "_")
-        if name in INDUCTOR_OPTIONS:
+        if name in DYNAMIC:
+            self.fn = torch.compile(with_own_code(model, tag), backend="inductor", options=INDUCTOR_OPTIONS[name],
+                                    fullgraph=True, dynamic=True)
+        elif name in INDUCTOR_OPTIONS:
             torch._dynamo.mark_dynamic(first, 0, specialize_on=[(lambda g: lambda s: s == g)(g) for g in GEARS])
             self.fn = torch.compile(with_own_code(model, tag), backend="inductor", options=INDUCTOR_OPTIONS[name],
                                     fullgraph=True)
@@ -346,13 +356,20 @@ def table(name: str, r: dict) -> str:
 def verdict(name: str, r: dict) -> list[str]:
     lines = []
     best_rw = {g: min(r["latency"][(c, g)] for c in ("rewrite", "rewrite ro", "rewrite ro+sk")) for g in GEARS}
-    best_ind = {g: min(r["latency"][(c, g)] for c in INDUCTOR_OPTIONS) for g in GEARS}
+    best_ind = {g: min(r["latency"][(c, g)] for c in INDUCTOR_OPTIONS if c not in DYNAMIC) for g in GEARS}
     ratios = [best_rw[g] / best_ind[g] for g in GEARS]
     target = 0.8 if name == "tiny" else 1.0
     met = [g for g, q in zip(GEARS, ratios) if q <= target]
     lines.append(f"- {name}: rewrite's best / Inductor's best per gear: "
                  + ", ".join(f"{g}: {q:.2f}x" for g, q in zip(GEARS, ratios))
                  + f" (target <= {target}x: met at {len(met)}/{len(GEARS)} gears)")
+    dynamic = {g: min(r["latency"][(c, g)] for c in DYNAMIC) for g in GEARS}
+    for ours, label in (("rewrite", "rewrite's gears (default mode)"), (None, "rewrite's best gears")):
+        q = [(r["latency"][(ours, g)] if ours else best_rw[g]) / dynamic[g] for g in GEARS]
+        met = [g for g, v in zip(GEARS, q) if v <= GEARS_VS_DYNAMIC]
+        lines.append(f"- {name}: {label} / Inductor's best dynamic=True graph per gear: "
+                     + ", ".join(f"{g}: {v:.2f}x" for g, v in zip(GEARS, q))
+                     + f" (target <= {GEARS_VS_DYNAMIC}x: met at {len(met)}/{len(GEARS)} gears)")
     return lines
 
 

@@ -164,3 +164,31 @@ def test_an_object_argument_such_as_a_kv_cache_keeps_its_tensor_checks():
         for cache in (Cache(16), Cache(16), Cache(32)):
             torch.testing.assert_close(compiled(x, cache), model(x, cache))
     assert rewrite.stats(compiled).recompiles == 1 and "keys" in rewrite.stats(compiled).events[0][1]
+
+
+def test_transformers_door_with_input_guards_decodes_eagers_tokens():
+    """transformers' own door for a backend, with the model's guards dropped: the static-cache decode's two
+    graphs (prefill, one-token step) serve every step, with eager's tokens and no other retrace."""
+    from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=64)).eval()
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
+    ids = torch.randint(4, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+
+    def generate(**kw):
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                                  cache_implementation="static", **kw)
+
+    want = generate(disable_compile=True)
+    backend = rewrite.get_backend()
+    door = CompileConfig(backend=backend, options={"guard_filter_fn": rewrite.inference.input_guards})
+    door._compile_all_devices = True  # transformers compiles by itself only on accelerators; this is its switch
+    model.generation_config.compile_config = door
+    for _ in range(2):
+        assert torch.equal(generate(), want)
+    assert len(backend.report.graphs) == 2, [g.name for g in backend.report.graphs]  # prefill and step, no retrace

@@ -105,7 +105,6 @@ class _Conv:
             if b["dtype"] != x["dtype"] or b["size"] != [self.OC]:
                 raise Unsupported
             self.bias = (args["bias"]["tensor"], b["stride"][0])
-        self.rows = [_valid(self.OH, self.H, stride[0], pad[0], dil[0], kh) for kh in range(self.KH)]
         self.cols = [_valid(self.OW, self.W, stride[1], pad[1], dil[1], kw) for kw in range(self.KW)]
 
     def bias_of(self, oc: str) -> str:
