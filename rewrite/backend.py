@@ -93,6 +93,12 @@ class RewriteBackend:
         self._graphs_per_frame: dict = {}  # Dynamo frame key -> graphs compiled for it (a second one is a recompile)
         rexec.check_config(self.config)
 
+    def __deepcopy__(self, memo):
+        """The backend itself: a copy of a config that names it (transformers deep-copies its generation config,
+        CompileConfig(backend=...) included) must compile through it, so its report and `rewrite.stats` stay the
+        user's; its lock could not be copied anyway."""
+        return self
+
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         number = next(_graph_numbers)
         gear_spec = rgears.collect_gear_specs(example_inputs, self.config, gm)

@@ -10,7 +10,8 @@ guards for that reason. Here the user opts in per function through Dynamo's own 
     compiled = torch.compile(model, backend="rewrite", dynamic=False,
                              options={"guard_filter_fn": rewrite.inference.input_guards})
 
-(transformers: ``CompileConfig(backend="rewrite", options={"guard_filter_fn": ...})``). `input_guards`
+(transformers: ``CompileConfig(backend=rewrite.get_backend(config), mode=None, options={"guard_filter_fn": ...})``:
+torch.compile takes a mode or options, not both, so a mode goes into rewrite's config). `input_guards`
 keeps, and Dynamo still checks on every call in its C++ guard tree (about 1 us):
 
 * every tensor reached from the call's arguments (not through a module): dtype, device, rank, the

@@ -26,6 +26,7 @@ MAX_KEYS = 512  # ATen's CPU flash attention takes up to 512 keys in one block
 MAX_HEAD = 1024  # the value head dim: the row's accumulator lives on the stack
 PARALLEL_WORK = 1 << 17  # multiply-adds from which the heads are split over threads
 MAX_TRANSPOSED = 16384  # a head's keys up to this many elements are transposed on the stack (64 KiB of float)
+ROWS = 4  # query rows computed together
 
 
 def _attention(sig, symbol):
@@ -66,34 +67,39 @@ def _attention(sig, symbol):
     qs, ks, vs, os_, ls = q["stride"], k["stride"], v["stride"], out["stride"], lse["stride"]
     xq, xk, xv = (f"x{args[name]['tensor']}" for name in ("query", "key", "value"))
     exp, log = _fn("exp", T), _fn("log", T)
+    R = ROWS if L >= ROWS else 1  # query rows computed together: each key and value row loaded once for all
+    # row r of a block: query row i0 + r; past the last row a block recomputes the last row (never stored)
     keys = "(i + 1 < S ? i + 1 : S)" if causal else "S"  # causal: keys 0..i (SDPA's top-left aligned mask)
     masked = f" + mb[i * {ms[2]}LL + j * {ms[3]}LL]" if ms is not None else ""
     parallel = B * H > 1 and B * H * L * S * (E + Ev) >= PARALLEL_WORK
     transposed = E * S <= MAX_TRANSPOSED
-    if transposed:  # the head's keys as [E, S] on the stack: a query row's scores are one loop over the keys per dim
+    if transposed:  # the head's keys as [E, S] on the stack: a block's scores are one loop over the keys per dim
         keys_prologue = [
             f"    {T} kt[{E * S}];",
             f"    for (int64_t j = 0; j < {S}LL; j++)",
             f"      for (int64_t e = 0; e < {E}LL; e++) kt[e * {S}LL + j] = kb[j * {ks[2]}LL + e * {ks[3]}LL];"]
         scores = [
-            "      for (int64_t j = 0; j < n; j++) s[j] = 0;",
+            f"      for (int64_t r = 0; r < {R}; r++) for (int64_t j = 0; j < S; j++) s[r][j] = 0;",
             f"      for (int64_t e = 0; e < {E}LL; e++) {{",
-            f"        const {T} qe = qi[e * {qs[3]}LL];",
             f"        const {T} *kte = kt + e * {S}LL;",
+            f"        {T} qe[{R}];",
+            f"        for (int64_t r = 0; r < {R}; r++) qe[r] = qi[r][e * {qs[3]}LL];",
             "        #pragma omp simd",
-            "        for (int64_t j = 0; j < n; j++) s[j] += qe * kte[j];",
-            "      }",
-            "      #pragma omp simd",
-            f"      for (int64_t j = 0; j < n; j++) s[j] = s[j] * {scale}{masked};"]
+            "        for (int64_t j = 0; j < last; j++) {",
+            f"          const {T} kv = kte[j];",
+            f"          for (int64_t r = 0; r < {R}; r++) s[r][j] += qe[r] * kv;",
+            "        }",
+            "      }"]
     else:
         keys_prologue = []
         scores = [
-            "      for (int64_t j = 0; j < n; j++) {",
+            f"      for (int64_t r = 0; r < {R}; r++)",
+            "      for (int64_t j = 0; j < last; j++) {",
             f"        const {T} *kj = kb + j * {ks[2]}LL;",
             f"        {T} d = 0;",
             "        #pragma omp simd reduction(+:d)",
-            f"        for (int64_t e = 0; e < {E}LL; e++) d += qi[e * {qs[3]}LL] * kj[e * {ks[3]}LL];",
-            f"        s[j] = d * {scale}{masked};",
+            f"        for (int64_t e = 0; e < {E}LL; e++) d += qi[r][e * {qs[3]}LL] * kj[e * {ks[3]}LL];",
+            "        s[r][j] = d;",
             "      }"]
     body = [
         f"  const int64_t S = {S}LL;",
@@ -104,40 +110,59 @@ def _attention(sig, symbol):
         f"    const {T} *kb = {xk} + b * {ks[0]}LL + (h / {group}LL) * {ks[1]}LL;",
         f"    const {T} *vb = {xv} + b * {vs[0]}LL + (h / {group}LL) * {vs[1]}LL;",
         (f"    const {T} *mb = x{mask['tensor']} + b * {ms[0]}LL + h * {ms[1]}LL;" if ms is not None else ""),
-        f"    {T} s[{S}], acc[{Ev}];",
+        f"    {T} s[{R}][{S}], acc[{R}][{Ev}], sums[{R}], maxes[{R}];",
         *keys_prologue,
-        f"    for (int64_t i = 0; i < {L}LL; i++) {{",
-        f"      const {T} *qi = qb + i * {qs[2]}LL;",
-        f"      const int64_t n = {keys};",
+        f"    for (int64_t i0 = 0; i0 < {L}LL; i0 += {R}) {{",
+        f"      const {T} *qi[{R}];",
+        f"      for (int64_t r = 0; r < {R}; r++) qi[r] = qb + (i0 + r < {L}LL ? i0 + r : {L - 1}LL) * {qs[2]}LL;",
+        f"      const int64_t i_last = i0 + {R - 1} < {L}LL ? i0 + {R - 1} : {L - 1}LL;",
+        "      const int64_t last = " + keys.replace("i + 1", "i_last + 1") + ";  /* the block's most keys */",
         *scores,
-        f"      {T} mx = -INFINITY;",
-        "      for (int64_t j = 0; j < n; j++)  /* a NaN score makes the row NaN */",
-        "        if (s[j] > mx || s[j] != s[j]) mx = (mx != mx) ? mx : s[j];",
-        f"      {T} sum = 0;",
-        f"      for (int64_t e = 0; e < {Ev}LL; e++) acc[e] = 0;",
-        "      if (mx != -INFINITY) {",
-        "        #pragma omp simd reduction(+:sum)",
-        f"        for (int64_t j = 0; j < n; j++) {{ {T} p = {exp}(s[j] - mx); s[j] = p; sum += p; }}",
-        "      } else {  /* fully masked: every weight 0 (ATen's answer) */",
-        "        for (int64_t j = 0; j < n; j++) s[j] = 0;",
-        "        mx = 0;",
-        "      }",
+        f"      for (int64_t r = 0; r < {R}; r++) {{",
+        f"        const int64_t i = i0 + r < {L}LL ? i0 + r : {L - 1}LL;",
+        f"        const int64_t n = {keys};",
+        f"        {T} *sr = s[r];",
+        "        #pragma omp simd",
+        f"        for (int64_t j = 0; j < n; j++) sr[j] = sr[j] * {scale}{masked};",
+        f"        {T} mx = -INFINITY;",
+        "        int nan = 0;",
+        "        #pragma omp simd reduction(max:mx) reduction(|:nan)",
+        "        for (int64_t j = 0; j < n; j++) { mx = sr[j] > mx ? sr[j] : mx; nan |= sr[j] != sr[j]; }",
+        "        if (nan) mx = NAN;  /* a NaN score makes the row NaN */",
+        f"        {T} sum = 0;",
+        "        if (mx != -INFINITY) {",
+        "          #pragma omp simd reduction(+:sum)",
+        f"          for (int64_t j = 0; j < n; j++) {{ {T} p = {exp}(sr[j] - mx); sr[j] = p; sum += p; }}",
+        "        } else {  /* fully masked: every weight 0 (ATen's answer) */",
+        "          for (int64_t j = 0; j < n; j++) sr[j] = 0;",
+        "          mx = 0;",
+        "        }",
         # ATen multiplies the weights of every key of its block (all of them, up to 512) with the values, the
         # zero weights of masked and causally hidden keys too: a NaN or inf value there makes the row NaN in
         # eager, and here as well
-        "      for (int64_t j = n; j < S; j++) s[j] = 0;",
+        "        for (int64_t j = n; j < S; j++) sr[j] = 0;",
+        "        if (sum == 0) sum = 1;",
+        f"        sums[r] = sum; maxes[r] = mx;",
+        "      }",
+        f"      for (int64_t r = 0; r < {R}; r++) for (int64_t e = 0; e < {Ev}LL; e++) acc[r][e] = 0;",
         "      for (int64_t j = 0; j < S; j++) {",
         f"        const {T} *vj = vb + j * {vs[2]}LL;",
-        f"        const {T} p = s[j];",
+        f"        {T} p[{R}];",
+        f"        for (int64_t r = 0; r < {R}; r++) p[r] = s[r][j];",
         "        #pragma omp simd",
-        f"        for (int64_t e = 0; e < {Ev}LL; e++) acc[e] += p * vj[e * {vs[3]}LL];",
+        f"        for (int64_t e = 0; e < {Ev}LL; e++) {{",
+        f"          const {T} ve = vj[e * {vs[3]}LL];",
+        f"          for (int64_t r = 0; r < {R}; r++) acc[r][e] += p[r] * ve;",
+        "        }",
         "      }",
-        "      if (sum == 0) sum = 1;",
-        f"      const {T} inv = (({T})1) / sum;",
-        f"      {T} *o = y0 + b * {os_[0]}LL + h * {os_[1]}LL + i * {os_[2]}LL;",
-        "      #pragma omp simd",
-        f"      for (int64_t e = 0; e < {Ev}LL; e++) o[e * {os_[3]}LL] = acc[e] * inv;",
-        f"      y1[b * {ls[0]}LL + h * {ls[1]}LL + i * {ls[2]}LL] = mx + {log}(sum);",
+        f"      for (int64_t r = 0; r < {R} && i0 + r < {L}LL; r++) {{",
+        "        const int64_t i = i0 + r;",
+        f"        const {T} inv = (({T})1) / sums[r];",
+        f"        {T} *o = y0 + b * {os_[0]}LL + h * {os_[1]}LL + i * {os_[2]}LL;",
+        "        #pragma omp simd",
+        f"        for (int64_t e = 0; e < {Ev}LL; e++) o[e * {os_[3]}LL] = acc[r][e] * inv;",
+        f"        y1[b * {ls[0]}LL + h * {ls[1]}LL + i * {ls[2]}LL] = maxes[r] + {log}(sums[r]);",
+        "      }",
         "    }",
         "  }",
     ]
