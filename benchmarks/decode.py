@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import logging
 import os
 import statistics
 import sys
 import tempfile
 import time
+import types
 
 import torch
 
@@ -81,14 +83,29 @@ def _model(name: str):
     return m
 
 
+def _own_forward(m, tag: str):
+    """``m.forward`` behind a code object of its own: Dynamo keeps its graphs per code object, and two contenders
+    compiling the same ``forward`` with equal backends (Inductor freezing with and without a guard filter) would
+    share the first one's graph and guards. Its signature is forward's (generate inspects it)."""
+    forward = m.forward
+
+    def run(*args, **kwargs):
+        return forward(*args, **kwargs)
+
+    code = run.__code__.replace(co_name=f"forward_{tag}")
+    own = types.FunctionType(code, run.__globals__, code.co_name, None, run.__closure__)
+    return functools.update_wrapper(own, forward)
+
+
 def _compiled(model, contender: str, build_dir: str):
     if contender == "eager":
         return model
     m = copy.deepcopy(model)
+    tag = contender.replace("-", "_")
     guards = INPUT_GUARDS if contender.endswith("-inputs") else {}
     if contender.startswith("inductor"):
         options = {"freezing": True} if contender.startswith("inductor-freezing") else {}
-        m.forward = torch.compile(m.forward, dynamic=False, options={**options, **guards} or None)
+        m.forward = torch.compile(_own_forward(m, tag), dynamic=False, options={**options, **guards} or None)
         return m
     config = rewrite.CompilerConfig()
     if contender in ("rewrite-frozen", "rewrite-ro-sk", "rewrite-ro-sk-inputs"):
@@ -98,7 +115,7 @@ def _compiled(model, contender: str, build_dir: str):
         config.mode = "reduce-overhead"
         config.experimental_config.aclgraph._aclnn_static_shape_kernel = True
         config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = build_dir
-    m.forward = torch.compile(m.forward, backend=get_backend(config), dynamic=False, options=guards or None)
+    m.forward = torch.compile(_own_forward(m, tag), backend=get_backend(config), dynamic=False, options=guards or None)
     return m
 
 
