@@ -194,6 +194,20 @@ def test_set_dim_gears_defaults_one_compile_every_gear_equals_eager(cwd):
             compiled(x[:3])
 
 
+def test_input_guards_defaults_backend_by_name_serves_eager_values_and_counts_a_failed_check(cwd):
+    # the documented spelling: backend="rewrite", dynamic=False, the filter as torch.compile's option
+    model = mlp()
+    compiled = torch.compile(model, backend="rewrite", dynamic=False,
+                             options={"guard_filter_fn": rewrite.inference.input_guards})
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(_x(4)), model(_x(4)))
+        assert rewrite.stats(compiled).recompiles == 0
+        torch.testing.assert_close(compiled(_x(2)), model(_x(2)))  # a kept check (the static size) fails
+        assert rewrite.stats(compiled).recompiles == 1
+    assert _files(cwd) == []  # nothing written into the working directory
+
+
 # -- rewrite.scope ------------------------------------------------------------------------------
 
 def _scoped(x, w):
@@ -617,6 +631,7 @@ PUBLIC_TESTS = {
     "inference.GearError": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
     "GearError": test_set_dim_gears_defaults_one_compile_every_gear_equals_eager,
     "inference.cache_compile": test_cache_compile_defaults_write_rewrite_cache_and_a_fresh_process_hits,
+    "inference.input_guards": test_input_guards_defaults_backend_by_name_serves_eager_values_and_counts_a_failed_check,
     "scope.stream_switch": test_scope_defaults_compiled_equals_eager,
     "scope.wait_tensor": test_scope_defaults_compiled_equals_eager,
     "scope.record": test_scope_defaults_compiled_equals_eager,
