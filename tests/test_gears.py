@@ -387,6 +387,78 @@ def test_row_proof_follows_flattening_views_and_refuses_attention_over_rows():
     assert states[out.id] == Row(0)
 
 
+
+def _symbolic(fn, *shapes):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from rewrite.fx_bridge import from_fx
+
+    return from_fx(make_fx(fn, tracing_mode="symbolic")(*[torch.randn(*s) for s in shapes]))
+
+
+def _out_state(g, states):
+    return states[(g.outputs[0] if isinstance(g.outputs, (tuple, list)) else g.outputs).id]
+
+
+def _rows_of(m):  # transformers' mask functions: mask[batch_arange[:, None, None, None], kv_arange]
+    return m[torch.arange(m.shape[0])[:, None, None, None], torch.arange(m.shape[1])]
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (_rows_of, [(3, 5)]),  # the row dim indexed by the row numbers themselves
+    (lambda m: m[torch.arange(m.shape[0]).view(-1, 1).contiguous(), 2], [(3, 5)]),  # through a view and a copy
+    (lambda t, i: t[i.long()], [(10, 4), (3,)]),  # a lookup into a table without rows, as embedding
+])
+def test_row_proof_keeps_rows_through_an_index_by_the_row_numbers(fn, shapes):
+    from rewrite.gears.padding import Row, row_states
+
+    g = _symbolic(fn, *shapes)
+    b = g.placeholders[-1].meta.shape[0]
+    assert _out_state(g, row_states(g, b)) == Row(0)
+
+
+@pytest.mark.parametrize("fn, shapes, reason", [
+    (lambda m: m[m.shape[0] - 1 - torch.arange(m.shape[0])], [(3, 5)], "depends on the padded size"),  # reversed
+    (lambda m: m[torch.arange(m.shape[0]).to(torch.int8).long()], [(3, 5)], "other than the row numbers"),  # wraps
+    (lambda m, i: m[i.long()], [(3, 5), (3,)], "other than the row numbers"),  # rows picked by the data
+    (lambda m: m[torch.arange(m.shape[0]) * 0], [(3, 5)], "other than the row numbers"),  # every row reads row 0
+    (lambda m: m[m > 0], [(3, 5)], "by a mask"),  # the result's size depends on the values
+])
+def test_row_proof_refuses_an_index_that_reads_other_rows(fn, shapes, reason):
+    from rewrite.gears.padding import NotRowwise, row_states
+
+    g = _symbolic(fn, *shapes)
+    with pytest.raises(NotRowwise, match=reason):
+        row_states(g, g.placeholders[0].meta.shape[0])
+
+
+class MaskedByIndex(torch.nn.Module):
+    def forward(self, x, mask):
+        keep = _rows_of(mask)[:, 0, 0, :]  # [b, k]: row r of the mask, through an index by the row numbers
+        return (torch.softmax(x.masked_fill(keep[:, None, :] == 0, -1e4), dim=-1),)
+
+
+def test_pad_serves_a_mask_read_through_an_index_by_the_row_numbers():
+    model = MaskedByIndex().eval()
+    config = rewrite.CompilerConfig()
+    config.inference_config.gear_fallback = "pad"
+    fn, _ = _compile(model, config)
+
+    def pair(b, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(b, 4, 6, generator=g), (torch.rand(b, 6, generator=g) > 0.3).long()
+
+    x, mask = pair(4)
+    set_dim_gears(x, {0: [2, 4, 8]})
+    set_dim_gears(mask, {0: [2, 4, 8]})
+    counters.clear()
+    with torch.no_grad():
+        _check(fn, model, x, mask)
+        for b in (3, 5, 7, 1):
+            _check(fn, model, *pair(b, seed=b))
+    assert rewrite.stats(fn).pads == 4
+
+
 # -- the Inductor kernel backend -----------------------------------------------------------------
 
 def test_inductor_kernels_compile_each_gear_graph(monkeypatch):

@@ -5,10 +5,12 @@ test_declared_shapes.py, test_gear_memory.py, test_slow_paths.py.
 
 Padding needs a proof that rows stay independent (rewrite.gears.padding). The zoo's attention masks are read
 through ``mask[batch_arange[:, None, None, None], kv_arange]`` (transformers' mask functions), an
-``aten.index.Tensor`` the proof does not cover, so no size between two gears can be padded with a mask, on bert
-or on gpt2, whose causal mask indexes its positions the same way even without one. The padding cases therefore
-run bert on its ``input_ids`` alone (its mask is optional), the decoder serves sizes between gears on its
-dynamic graph, and `test_the_encoder_pads_with_its_attention_mask` marks the gap (xfail, strict).
+``aten.index.Tensor`` the proof covers when the mask's rows are indexed by the row numbers themselves
+(``batch_arange`` is ``arange`` of the batch). gpt2 ties the batch of input_ids and attention_mask into one
+symbol, so its sizes between gears pad. bert does not (its mask is only indexed, never broadcast against the
+ids): the two inputs' batch dims are two symbols, and padding the mask's symbol alone is not provable (its rows are
+read by the row numbers of the other symbol), so bert's padding cases run on ``input_ids`` alone (its mask is
+optional) and `test_the_encoder_pads_with_its_attention_mask` marks the gap (xfail, strict).
 """
 from __future__ import annotations
 
@@ -162,16 +164,14 @@ def test_decoder_traffic_is_recorded_on_every_batch_input_planned_and_served_as_
     assert compiled_gears(backend) == [(3,), (6,), (8,)]  # one batch symbol: the gears, not their product
     stats = rewrite.stats(served)
     assert stats.gears == {(8,): 2, (3,): 2, (6,): 2}, stats
-    # 2, 2, 2 and 4 cannot pad (see the module's docstring): a declared range runs them on the dynamic graph
-    assert (stats.dynamic_fallbacks, stats.pads, stats.recompiles) == (4, 0, 0), stats
-    assert "sizes between the declared gears run the dynamic graph" in caplog.text, caplog.text
-    assert "aten.index.Tensor" in caplog.text, caplog.text
+    # 2, 2, 2 pad to 3 and 4 to 6 (the causal mask's index by the row numbers is proven row-wise)
+    assert (stats.dynamic_fallbacks, stats.pads, stats.padded_rows, stats.recompiles) == (0, 4, 5, 0), stats
 
 
 @pytest.mark.xfail(raises=GearError, strict=True, reason=(
-    "padding refused: the masks are read by aten.index.Tensor (mask[batch_arange[:, None, None, None], "
-    "kv_arange]), which rewrite.gears.padding cannot prove row-wise (and set_dim_gears gives the two inputs two "
-    "batch symbols that the proof would have to treat as one)"))
+    "padding refused: bert's input_ids and attention_mask batch dims are two symbols (the mask is only indexed, "
+    "by arange of the ids' batch), and padding the mask's symbol alone is not provable; the proof would have to "
+    "pad the two symbols as one"))
 def test_the_encoder_pads_with_its_attention_mask(bert):
     served, _ = compile_with(bert, **{"inference_config.gear_fallback": "pad"})
     check(served, bert, gears_on(ENCODER.inputs(4, 0), [4]))

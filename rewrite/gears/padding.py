@@ -11,6 +11,10 @@ forward dataflow over the IR. Each value gets one state per symbol:
   with the dims after it, as ``[s, 32, 384] -> [32*s, 384]`` before a matmul does);
 * ``SYM``: a scalar whose value depends on ``s`` (size arithmetic); it may only feed shape arguments.
 
+A ``Row`` with ``index=True`` holds the row number itself along its dim (``arange(s)`` and views of it), which
+lets a gather such as ``mask[arange(s)[:, None], j]`` (transformers' mask functions) read each row from its own
+row. Only the transfers in `_KEEP_VALUES` pass that mark on; every other result is a plain ``Row``.
+
 Each op family's transfer function is in `_TRANSFER` (pointwise ops share one); an op not in the
 table that touches a non-``INDEP`` value stops the proof with a reason naming the node, and padding
 is refused.
@@ -47,6 +51,8 @@ SYM = _Marker("SYM")
 class Row:
     dim: int
     k: sympy.Expr = sympy.Integer(1)
+    # its values along ``dim`` are the row numbers 0, 1, ... (k == 1); not part of equality: a row is a row
+    index: bool = dataclasses.field(default=False, compare=False)
 
 
 class NotRowwise(Exception):
@@ -98,7 +104,7 @@ def _reshape(state: Row, in_shape, out_shape, s) -> Row:
         if not _is_factor(k, s):
             continue
         if sympy.simplify(out_shape[e] - s * k) == 0 and sympy.simplify(_prod(out_shape[:e]) - prefix) == 0:
-            return Row(e, k)
+            return Row(e, k, state.index and k == 1)  # k == 1: each element keeps its row coordinate
     raise NotRowwise(f"reshape {list(in_shape)} -> {list(out_shape)} mixes the rows of {s} with other dims")
 
 
@@ -255,7 +261,7 @@ def _expand(node, states, s):
     out_shape = _shape(node.meta)
     if not isinstance(st, Row):  # the same data repeated along the new size: constant per row
         return _row_of_shape(out_shape, s) or INDEP
-    new = Row(st.dim + len(out_shape) - len(node.args[0].meta.shape), st.k)
+    new = Row(st.dim + len(out_shape) - len(node.args[0].meta.shape), st.k, st.index)
     if _row_of_shape(out_shape, s) != new:
         raise NotRowwise(f"node %{node.name} ({node.op}) expands to {list(out_shape)}, repeating rows of {s}")
     return new
@@ -266,7 +272,7 @@ def _permute(node, states, s):
     if not isinstance(st, Row):
         return st
     dims = [_norm(d, len(node.meta.shape)) for d in node.args[1]]
-    return Row(dims.index(st.dim), st.k)
+    return Row(dims.index(st.dim), st.k, st.index)
 
 
 def _transpose(node, states, s):
@@ -275,7 +281,7 @@ def _transpose(node, states, s):
         return st
     rank = len(node.meta.shape)
     a, b = (0, 1) if node.target in ops.MATRIX_TRANSPOSES else (_norm(d, rank) for d in node.args[1:3])
-    return Row(b if st.dim == a else a if st.dim == b else st.dim, st.k)
+    return Row(b if st.dim == a else a if st.dim == b else st.dim, st.k, st.index)
 
 
 def _unsqueeze(node, states, s):
@@ -283,7 +289,7 @@ def _unsqueeze(node, states, s):
     if not isinstance(st, Row):
         return st
     d = _norm(node.args[1], len(node.meta.shape))
-    return Row(st.dim + (d <= st.dim), st.k)
+    return Row(st.dim + (d <= st.dim), st.k, st.index)
 
 
 def _squeeze(node, states, s):
@@ -379,6 +385,8 @@ def _factory(node, states, s):
     if node.target in ops.RANGES:
         if any(x is SYM for x in states) and (args.get("start", 0) != 0 or args.get("step", 1) != 1):
             raise NotRowwise(f"node %{node.name} ({node.op}) counts with a start or step depending on {s}")
+        if args.get("start", 0) == 0 and args.get("step", 1) == 1 and _shape(node.meta) == (s,):
+            return Row(0, index=True)  # arange(s): the row numbers
         return _row_of_shape(_shape(node.meta), s) or INDEP
     shaped_like_input = node.target in ops.LIKE_FACTORIES | ops.NEW_FACTORIES
     for name, st in zip(args, states):  # schema order: the i-th name is the i-th positional argument's
@@ -387,6 +395,40 @@ def _factory(node, states, s):
         if isinstance(st, Row) and not shaped_like_input:
             raise NotRowwise(f"node %{node.name} ({node.op}) reads rows of {s}")
     return _row_of_shape(_shape(node.meta), s) or INDEP
+
+
+def _index(node, states, s):
+    """``x[i0, i1, ...]`` (``aten.index.Tensor``; a None index takes the whole dim). Rows stay apart when every
+    index with rows has them on one broadcast dim and either ``x`` has no rows (a lookup, as ``embedding``) or
+    ``x``'s row dim is indexed by the row numbers themselves (``mask[arange(s)[:, None], j]``): the element of
+    output row r then reads row r of ``x`` only, at indices that depend on row r or on no row."""
+    x, indices, nodes = states[0], list(states[1]), list(node.args[1])
+    _check_no_sym(node, _tensor_states(node, states))
+    used = [d for d, n in enumerate(nodes) if n is not None]
+    if not used or any(nodes[d].meta.dtype in (torch.bool, torch.uint8) for d in used):
+        raise NotRowwise(f"node %{node.name} ({node.op}) indexes by a mask (its result's size depends on the values)")
+    width = max(len(nodes[d].meta.shape) for d in used)
+    row_dims = set()  # the broadcast dims that index rows
+    for d in used:
+        st = indices[d]
+        if isinstance(st, Row):
+            if st.k != 1:
+                raise NotRowwise(f"node %{node.name} ({node.op}) indexes by flattened rows of {s}")
+            row_dims.add(st.dim + width - len(nodes[d].meta.shape))
+    if isinstance(x, Row) and not (x.k == 1 and x.dim in used and isinstance(indices[x.dim], Row)
+                                   and indices[x.dim].index):
+        raise NotRowwise(f"node %{node.name} ({node.op}) reads the rows of {s} by indices other than the row numbers")
+    if len(row_dims) > 1:
+        raise NotRowwise(f"node %{node.name} ({node.op}) indexes by rows of {s} on different dims")
+    if not row_dims:
+        return INDEP  # neither x nor the indices have rows (x with rows has its row numbers as an index)
+    (bdim,) = row_dims
+    adjacent = used == list(range(used[0], used[-1] + 1))  # the broadcast dims stand where the indices stood
+    found = Row((used[0] if adjacent else 0) + bdim)
+    if _row_of_shape(_shape(node.meta), s) != found:
+        raise NotRowwise(f"node %{node.name} ({node.op}): its rows of {s} land on dim {found.dim} of shape "
+                         f"{list(_shape(node.meta))}")
+    return found
 
 
 def _assertion(node, states, s):
@@ -435,12 +477,30 @@ _TRANSFER = ops.family_table(
     ({aten.bmm.default}, _bmm),
     ({aten.embedding.default}, _embedding),
     ({aten.index_select.default}, _index_select),
+    ({aten.index.Tensor}, _index),
     ({aten.cat.default}, _cat),
     ({operator.getitem}, _getitem),
     ({aten._assert_scalar.default}, _assertion),
     # they broadcast like pointwise ops, though masked_fill.Tensor carries no pointwise tag
     ({aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor}, _pointwise),
 )
+
+
+# Transfers whose result holds its input's values, rearranged or selected: a row-number mark (Row.index)
+# passes through them; any other transfer's result is a plain Row.
+_KEEP_VALUES = frozenset({_identity, _view, _expand, _permute, _transpose, _unsqueeze, _squeeze, _slice, _select,
+                          _split, _getitem, _cat, _index_select, _factory})
+
+
+def _exact_indices(meta) -> bool:
+    """Whether the value's dtype holds every row number exactly (a cast to int8 or float16 would not)."""
+    return all(m.dtype in (torch.int64, torch.int32) for m in iter_metas(meta) if isinstance(m, TensorMeta))
+
+
+def _plain(state):
+    if isinstance(state, tuple):
+        return tuple(_plain(x) for x in state)
+    return Row(state.dim, state.k) if isinstance(state, Row) and state.index else state
 
 
 def _transfer_for(node: Node):
@@ -495,7 +555,8 @@ def row_states(graph: Graph, s) -> dict:
             if isinstance(v, Node) and env[v.id] is not INDEP and transfer not in (_factory, _attention):
                 raise NotRowwise(f"node %{node.name} ({node.op}) takes a keyword argument depending on {s}")
         try:
-            env[node.id] = transfer(node, states, s)
+            result = transfer(node, states, s)
+            env[node.id] = result if transfer in _KEEP_VALUES and _exact_indices(node.meta) else _plain(result)
         except NotRowwise as e:
             if f"%{node.name} " in str(e):
                 raise
