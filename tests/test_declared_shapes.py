@@ -83,6 +83,55 @@ def test_set_dim_gears_wins_over_a_declared_range():
     assert set(rewrite.stats(compiled).gears) == {(2,), (6,)}
 
 
+
+class _Masked(torch.nn.Module):
+    def __init__(self, broadcast: bool = True):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.broadcast = broadcast
+
+    def forward(self, x, mask):
+        if self.broadcast:  # x and mask broadcast against each other: Dynamo guards their batch equal, one symbol
+            return self.a(x) * mask[:, :, None]
+        # mask read through its row numbers (transformers' mask functions): two batch symbols
+        return self.a(x) * mask[torch.arange(x.shape[0])][:, :, None]
+
+
+def _declared_gears(model, shapes, ranges, calls):
+    backend = rewrite.get_backend(rewrite.CompilerConfig())
+    compiled = torch.compile(model, backend=backend)
+    first = [torch.randn(*shape) for shape in shapes]
+    for t, dims in zip(first, ranges):
+        for d, (low, high) in dims.items():
+            torch._dynamo.mark_dynamic(t, d, min=low, max=high)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*first), model(*first))
+        for call in calls:
+            args = [t[tuple(slice(0, n) for n in size)] for t, size in zip(first, call)]
+            torch.testing.assert_close(compiled(*args), model(*args))
+    return sorted(g for r in backend.report.graphs for g in r.gears), rewrite.stats(compiled)
+
+
+def test_dims_of_one_size_share_their_gears():
+    gears, stats = _declared_gears(_Masked().eval(), [(8, 4, 8), (8, 4)], [{0: (2, 8)}, {0: (2, 8)}],
+                                   [((b,), (b,)) for b in (2, 4, 8)])
+    assert gears == [(2,), (4,), (8,)] and stats.pads == 0, (gears, stats)  # one symbol: the ladder of [2, 8]
+
+
+def test_batch_dims_declared_alike_take_their_gears_together():
+    gears, stats = _declared_gears(_Masked(broadcast=False).eval(), [(8, 4, 8), (8, 4)], [{0: (2, 8)}, {0: (2, 8)}],
+                                   [((b,), (b,)) for b in (2, 4, 8)])
+    # two symbols, the same range: zipped (the default merge policy), not 3 x 3 combinations no call can have
+    assert gears == [(2, 2), (4, 4), (8, 8)], gears
+    assert stats.pads == 0 and stats.dynamic_fallbacks == 0, stats
+
+
+def test_independent_declared_dims_take_every_combination():
+    gears, _ = _declared_gears(_Masked().eval(), [(4, 8, 8), (4, 8)], [{0: (2, 4), 1: (2, 8)}, {0: (2, 4), 1: (2, 8)}],
+                               [((2, 2), (2, 2)), ((4, 8), (4, 8))])
+    assert gears == [(2, 2), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8)], gears  # batch [2, 4] x sequence [2, 4, 8]
+
+
 @needs_shapes_spec
 def test_a_range_without_an_upper_bound_stays_one_dynamic_graph(caplog):
     model = _Mlp().eval()

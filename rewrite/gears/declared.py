@@ -7,8 +7,10 @@ has said which sizes a dim takes; that range is what gears are for. Such a dim g
 1. ``config.inference_config.declared_gears`` when it is set (the sizes `rewrite.gears.plan_gears` picked
    from recorded traffic, say), those inside the declared range;
 2. else the default ladder (`ladder`): the range's ends, the ShapeVar's ``optimization_hint``, and the powers
-   of two between them, at most `LADDER_GEARS` per dim (fewer when several dims are declared: their product
-   is compiled), TorchAir's advice that more than about ten gears cost more than they win.
+   of two between them, at most `LADDER_GEARS` per dim (fewer when several independent dims are declared:
+   their product is compiled), TorchAir's advice that more than about ten gears cost more than they win.
+   Dims Dynamo traced with one size symbol (a model's input_ids and attention_mask batch, each declared) are
+   one size: they share one ladder, over the sizes all their ranges allow.
 
 `set_dim_gears` on the same tensor wins: this module is asked only when no gears are set. A size inside the
 range that is no gear runs padded up to the next gear where padding is provably safe, else the dynamic graph

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import operator
 import threading
 import weakref
@@ -309,28 +310,78 @@ def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
 
 
 def _declared_gear_spec(example_inputs, config, gm, names) -> GearSpec | None:
-    """Gears for the declared dims: every combination (their ranges are independent) of each dim's gears."""
+    """Gears for the declared dims. Dims Dynamo traced with one size symbol (a model's input_ids and
+    attention_mask batch, when the model broadcasts one against the other) are one group: one size in every gear.
+    Groups combine by ``dynamic_gears_merge_policy``: with "zip" (the default) groups declared with the same range
+    (the batch dims of several inputs, each its own symbol) take their ladder's i-th size together; other groups
+    (batch and sequence), or any with "product", take every combination of their gears."""
     from .declared import LADDER_GEARS, declared_dims, ladder
 
     declared = declared_dims(gm, example_inputs)
     if not declared:
         return None
+    groups: dict = {}  # size symbol (or the dim itself) -> [(input index, dim), ...]
+    for key in sorted(declared):
+        groups.setdefault(_size_symbol(gm, example_inputs, *key) or key, []).append(key)
     chosen = config.inference_config.declared_gears
-    per_dim = max(2, int(LADDER_GEARS ** (1 / len(declared))))  # their product is compiled
+    ranges = [_common_range([declared[k] for k in dims]) for dims in groups.values()]
+    zipped = (config.inference_config.dynamic_gears_merge_policy == "zip" and len(groups) > 1
+              and len({(d.lower, d.upper, d.hint) for d in ranges}) == 1)  # the same ladder for every group
+    per_group = LADDER_GEARS if zipped else max(2, int(LADDER_GEARS ** (1 / len(groups))))  # product: all compiled
     by_input: dict = {}
-    for (index, dim), d in sorted(declared.items()):
-        values = sorted({v for v in chosen if d.contains(v)}) if chosen else ladder(d, per_dim)
+    per_group_gears = []
+    for dims, d in zip(groups.values(), ranges):
+        values = sorted({v for v in chosen if d.contains(v)}) if chosen else ladder(d, per_group)
+        where = ", ".join(f"input {names[i]} dim {dim}" for i, dim in dims)
         if not values:
-            log.info("gears: input %s dim %d: %s, which makes no gears%s; it stays dynamic", names[index], dim,
-                     d.describe(), "" if chosen else " (no upper bound)")
+            log.info("gears: %s: %s, which makes no gears%s; it stays dynamic", where, d.describe(),
+                     "" if chosen else " (no upper bound)")
             continue
-        by_input.setdefault(index, ({}, {}))
-        by_input[index][0][dim] = tuple(values)
-        by_input[index][1][dim] = d
+        for index, dim in dims:
+            by_input.setdefault(index, ({}, {}))
+            by_input[index][0][dim] = tuple(values)
+            by_input[index][1][dim] = declared[(index, dim)]
+        per_group_gears.append([{k: v for k in dims} for v in values])
     inputs = [InputGears(i, names[i], dims, tuple(example_inputs[i].shape), ranges)
               for i, (dims, ranges) in sorted(by_input.items())]
     if not inputs:
         return None
+    total = len(per_group_gears[0]) if zipped else math.prod(len(g) for g in per_group_gears)
+    if total > MAX_GEARS:
+        raise GearError(f"{total} gears from the declared shapes (every combination of independent dims' gears); at "
+                        f"most {MAX_GEARS} gears are allowed: set inference_config.declared_gears to fewer sizes")
     log.info("gears: from declared shapes: %s", "; ".join(
         f"{i.name} dim {d}: {i.declared[d].describe()}, gears {list(v)}" for i in inputs for d, v in i.dims.items()))
-    return GearSpec(tuple(inputs), tuple(merge_gears(inputs, "product")), "product", None, declared=True)
+    rows = zip(*per_group_gears) if zipped else itertools.product(*per_group_gears)
+    return GearSpec(tuple(inputs), tuple(_merged(row) for row in rows), "zip" if zipped else "product", None,
+                    declared=True)
+
+
+def _size_symbol(gm, example_inputs, index: int, dim: int) -> str | None:
+    """The symbol Dynamo traced dim ``dim`` of input ``index`` with (after its replacements: a guard that two
+    sizes are equal makes them one symbol), or None when the trace left no symbol to read."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"] if gm is not None else []
+    candidates = [example_inputs[index]]
+    if index < len(placeholders):
+        candidates.append(placeholders[index].meta.get("example_value"))
+    for t in candidates:
+        if not isinstance(t, torch.Tensor) or dim >= t.dim() or not isinstance(t.shape[dim], torch.SymInt):
+            continue
+        node = t.shape[dim].node
+        try:
+            return str(node.shape_env.replace(node.expr))
+        except Exception:  # noqa: BLE001 - a ShapeEnv without replace(): the symbol as traced
+            return str(node.expr)
+    return None
+
+
+def _common_range(ranges: list):
+    """The sizes every one of ``ranges`` allows (dims of one size symbol): one `Declared` naming them all."""
+    if len(ranges) == 1:
+        return ranges[0]
+    from .declared import Declared
+
+    uppers = [r.upper for r in ranges if r.upper is not None]
+    hints = [r.hint for r in ranges if r.hint is not None]
+    return Declared(" and ".join(dict.fromkeys(r.name for r in ranges)), max(r.lower for r in ranges),
+                    min(uppers) if uppers else None, hints[0] if hints else None)
