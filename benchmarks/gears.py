@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 import torch
 from torch._dynamo.utils import counters
@@ -121,8 +122,8 @@ def run_contender(contender, model, name, scenario, repeat):
 
 
 def main():
-    if "--traffic-row" in sys.argv:  # one contender of the traffic run, in a process of its own
-        return traffic_row(json.loads(sys.argv[sys.argv.index("--traffic-row") + 1]))
+    if "--traffic-serve" in sys.argv:  # one trace of the traffic run, in a process of its own
+        return traffic_serve(json.loads(sys.argv[sys.argv.index("--traffic-serve") + 1]))
     if "--traffic" in sys.argv:
         return traffic_main()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -239,8 +240,10 @@ Each request is one batch of ``--seq`` tokens; its batch size comes from a trace
 The first half of a trace is the traffic the user recorded; the second half is served. Planning: the
 model is compiled with rewrite and ``dynamic=True`` and run over the first half inside
 ``rewrite.gears.recording()``; the same compiled function then measures the latency at each recorded size
-(`measure_latency`, median of 3), and ``plan_gears(rec, latency=..., max_gears=16, max_waste=0.10)`` picks
-the gears. Rows, each in a fresh process (so its memory is its own), all serving the second half:
+(`measure_latency`, median of 5), and ``plan_gears(rec, latency=..., max_gears=16, max_waste=0.10)`` picks
+the gears. Contenders, all serving the second half in one fresh process per trace (built one after another,
+then served interleaved: every chunk of 50 requests is served by each contender in turn, the order rotating, so
+the ratios are side by side and a slow stretch of the machine falls on all alike):
 
 * ``eager``: the model as it is (reference);
 * ``planned gears``: rewrite with the planned gears, ``gear_fallback="pad"`` (default mode, aten kernels);
@@ -248,16 +251,16 @@ the gears. Rows, each in a fresh process (so its memory is its own), all serving
 * ``inductor dynamic``: ``torch.compile(dynamic=True)`` (one symbolic graph; Dynamo specializes batch 1);
 * ``inductor per size``: ``torch.compile(dynamic=False)``, one compile per distinct batch size.
 
-Before serving, every contender is called ``exec.tier_up_calls + 2`` times at every distinct size of the
+Each contender is built and then called ``exec.tier_up_calls + 2`` times at every distinct size of the
 served half (compiles and tier-ups happen here, as at a server's start), and its output is checked against
-eager's at each size. Columns: throughput (requests/s, and useful rows/s), p50/p99 latency of a request,
-padded rows (padded rows / rows run, over the served requests), padded time (the share of the served half's
-time spent on padding, priced by the latency measured at each size while recording: `plan_gears`' measure of
-work, in which a padded row of a small batch costs more than one of a large batch), compile s (the warm-up's wall time minus
-the steady latency of its calls: compiles and tier-up), memory (peak RSS of the process from just before
-the first compile to the end of serving, minus the RSS then: ``VmHWM`` reset through ``/proc/self/clear_refs``),
-and the number of Dynamo graphs. ``--quick`` runs a tiny model over a short trace, to check the run works:
-its timings mean nothing.
+eager's at each size. Columns: throughput (requests/s, and useful rows/s: requests over the sum of the
+contender's own request latencies), p50/p99 latency of a request, padded rows (padded rows / rows run, over the
+served requests), padded time (the share of the served half's time spent on padding, priced by the latency
+measured at each size while recording: `plan_gears`' measure of work, in which a padded row of a small batch
+costs more than one of a large batch), compile s (the build's wall time minus the steady latency of its calls:
+compiles and tier-up), memory (the process's peak RSS while the contender was built and warmed, minus the RSS
+just before: ``VmHWM`` reset through ``/proc/self/clear_refs``), and the number of Dynamo graphs it made.
+``--quick`` runs a tiny model over a short trace, to check the run works: its timings mean nothing.
 """
 
 TRAFFIC_CONTENDERS = ["eager", "planned gears", "pow2 ladder", "inductor dynamic", "inductor per size"]
@@ -313,7 +316,7 @@ def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick:
         with recording() as rec:
             for b in first_half:
                 fn(inputs[b])
-        latency = measure_latency(fn, inputs.__getitem__, sorted(inputs), repeat=1 if quick else 3, warmup=1)
+        latency = measure_latency(fn, inputs.__getitem__, sorted(inputs), repeat=1 if quick else 5, warmup=1)
     record_s = time.perf_counter() - t0
     plan = plan_gears(rec, latency=latency, max_gears=16, max_waste=0.10)
     torch._dynamo.reset()
@@ -338,68 +341,101 @@ def _status_kb(field: str) -> int:
     raise OSError(field)
 
 
-def traffic_row(spec: dict) -> None:
-    """Serve ``spec['serve']`` with one contender; print its figures as one JSON line."""
-    from torch._dynamo.utils import counters
+def _own_call(model, tag: str):
+    """``model(...)`` behind a code object of its own: Dynamo keeps graphs, guards and recompile counts per code
+    object, so contenders compiling the same model in one process must not share one."""
+    def run(*args, **kwargs):
+        return model(*args, **kwargs)
 
+    code = run.__code__.replace(co_name=f"serve_{tag}")
+    return types.FunctionType(code, run.__globals__, code.co_name, None, run.__closure__)
+
+
+def _build_contender(contender: str, tag: str, model, gears, first_input):
+    config = rewrite.CompilerConfig()
+    call = _own_call(model, tag)
+    if contender == "eager":
+        return model
+    if contender in ("planned gears", "pow2 ladder"):
+        config.inference_config.gear_fallback = "pad"
+        fn = torch.compile(call, backend=rewrite.get_backend(config), fullgraph=True)
+        rewrite.inference.set_dim_gears(first_input, {0: list(gears)})
+        return fn
+    if contender == "inductor dynamic":
+        return torch.compile(call, backend="inductor", fullgraph=True, dynamic=True)
+    if contender == "inductor per size":
+        return torch.compile(call, backend="inductor", fullgraph=True, dynamic=False)
+    raise ValueError(contender)
+
+
+def traffic_serve(spec: dict) -> None:
+    """Build every contender of ``spec`` in this process, one after another (compile s and memory are each
+    one's own), then serve ``spec['serve']`` with all of them interleaved: the trace is cut into chunks of
+    `CHUNK` requests and each chunk is served by every contender in turn, the order rotating from chunk to
+    chunk, so a slow or fast stretch of the machine falls on all of them alike. Prints one JSON line per
+    contender."""
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     cold_caches()
     torch._dynamo.config.cache_size_limit = 256
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = 256
-    contender, serve, seq = spec["contender"], spec["serve"], spec["seq"]
+    serve, seq, contenders = spec["serve"], spec["seq"], spec["contenders"]
     model = _load(spec["model"])
-    inputs = _traffic_inputs(spec["model"], serve, seq)
+    base = _traffic_inputs(spec["model"], serve, seq)
     with torch.no_grad():
-        refs = {b: hidden(model(x)) for b, x in inputs.items()}
-    gears = spec.get("gears")
-    config = rewrite.CompilerConfig()
-    warm_calls = config.exec.tier_up_calls + 2
-    rss0 = _rss_reset()
-    order = sorted(inputs, reverse=True)  # the first call at the largest size (where gears trace)
-    if contender == "eager":
-        fn = model
-    elif contender in ("planned gears", "pow2 ladder"):
-        config.inference_config.gear_fallback = "pad"
-        fn = torch.compile(model, backend=rewrite.get_backend(config), fullgraph=True)
-        rewrite.inference.set_dim_gears(inputs[order[0]], {0: list(gears)})
-    elif contender == "inductor dynamic":
-        fn = torch.compile(model, backend="inductor", fullgraph=True, dynamic=True)
-    elif contender == "inductor per size":
-        fn = torch.compile(model, backend="inductor", fullgraph=True, dynamic=False)
-    else:
-        raise ValueError(contender)
-    counters.clear()
-    t0 = time.perf_counter()
+        refs = {b: hidden(model(x)) for b, x in base.items()}
+    warm_calls = rewrite.CompilerConfig().exec.tier_up_calls + 2
+    order = sorted(base, reverse=True)  # the first call at the largest size (where gears trace)
+    fns, inputs, built = {}, {}, {}
+    for k, (c, gears) in enumerate(contenders.items()):
+        inputs[c] = {b: {key: t.clone() for key, t in x.items()} if isinstance(x, dict) else x.clone()
+                     for b, x in base.items()}  # set_dim_gears marks tensors: each contender has its own
+        first = inputs[c][order[0]]
+        first = next(iter(first.values())) if isinstance(first, dict) else first
+        rss0 = _rss_reset()
+        graphs0 = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        fns[c] = fn = _build_contender(c, str(k), model, gears, first)
+        per_size = {}
+        with torch.no_grad():
+            for b in order:
+                for _ in range(warm_calls):
+                    t1 = time.perf_counter()
+                    out = fn(inputs[c][b])
+                    per_size.setdefault(b, []).append(time.perf_counter() - t1)
+                torch.testing.assert_close(hidden(out), refs[b], rtol=2e-4, atol=2e-4)
+        warm_s = time.perf_counter() - t0
+        steady = sum(warm_calls * min(v) for v in per_size.values())
+        peak = _status_kb("VmHWM") * 1024 if rss0 is not None else None
+        built[c] = dict(compile_s=0.0 if c == "eager" else max(0.0, warm_s - steady),
+                        memory=None if rss0 is None else max(0, peak - rss0),
+                        graphs=counters["stats"]["unique_graphs"] - graphs0)
+        print(f"built {c}: {json.dumps(built[c])}", flush=True)
+    latencies = {c: [] for c in contenders}
+    names = list(contenders)
     with torch.no_grad():
-        for b in order:
-            for _ in range(warm_calls):
-                out = fn(inputs[b])
-            torch.testing.assert_close(hidden(out), refs[b], rtol=2e-4, atol=2e-4)
-    warm_s = time.perf_counter() - t0
-    latencies = []
-    with torch.no_grad():
-        start = time.perf_counter()
-        for b in serve:
-            t1 = time.perf_counter()
-            fn(inputs[b])
-            latencies.append(time.perf_counter() - t1)
-        total = time.perf_counter() - start
-    per_size: dict = {}
-    for b, dt in zip(serve, latencies):
-        per_size.setdefault(b, []).append(dt)
-    steady = sum(warm_calls * statistics.median(per_size[b]) for b in order)
-    rss_peak = _status_kb("VmHWM") * 1024 if rss0 is not None else None
-    run = [min(g for g in gears if g >= b) for b in serve] if gears else list(serve)
-    lat_sorted = sorted(latencies)
-    row = dict(contender=contender, gears=gears, requests=len(serve), seconds=total,
-               throughput=len(serve) / total, rows_per_s=sum(serve) / total,
-               p50=lat_sorted[len(lat_sorted) // 2], p99=lat_sorted[min(len(lat_sorted) - 1, int(0.99 * len(lat_sorted)))],
-               padded=(sum(run) - sum(serve)) / sum(run), compile_s=0.0 if contender == "eager" else max(0.0, warm_s - steady),
-               memory=None if rss0 is None else max(0, rss_peak - rss0),
-               graphs=0 if contender == "eager" else counters["stats"]["unique_graphs"])
-    print("ROW " + json.dumps(row), flush=True)
+        for j, at in enumerate(range(0, len(serve), CHUNK)):
+            chunk = serve[at: at + CHUNK]
+            for c in names[j % len(names):] + names[: j % len(names)]:
+                fn, xs = fns[c], inputs[c]
+                for b in chunk:
+                    t1 = time.perf_counter()
+                    fn(xs[b])
+                    latencies[c].append(time.perf_counter() - t1)
+    for c, gears in contenders.items():
+        lat = latencies[c]
+        total = sum(lat)
+        run = [min(g for g in gears if g >= b) for b in serve] if gears else list(serve)
+        lat_sorted = sorted(lat)
+        row = dict(contender=c, gears=gears, requests=len(serve), seconds=total, throughput=len(serve) / total,
+                   rows_per_s=sum(serve) / total, p50=lat_sorted[len(lat_sorted) // 2],
+                   p99=lat_sorted[min(len(lat_sorted) - 1, int(0.99 * len(lat_sorted)))],
+                   padded=(sum(run) - sum(serve)) / sum(run), **built[c])
+        print("ROW " + json.dumps(row), flush=True)
+
+
+CHUNK = 50  # requests per contender turn in the interleaved serving
 
 
 def traffic_main():
@@ -436,15 +472,17 @@ def traffic_main():
         served_plan = evaluate_gears(second, plan.gears)  # rows padded on the served half, predicted
         info = dict(plan=plan, ladder=ladder, record_s=record_s, first=first, second=second,
                     served_padded=served_plan.padded_rows, latency=latency)
-        rows = {}
+        contenders = {}
         for c in opts.contenders:
             gears = plan.gears if c == "planned gears" else ladder if c == "pow2 ladder" else None
             if gears is not None and max(gears) < max(second):
                 gears = sorted(set(gears) | {max(second)})  # the served half reaches further than the planned one
-            spec = dict(contender=c, model=model_name, seq=seq, serve=second, gears=gears, threads=opts.threads)
-            print(f"[{trace}] {c} ...", flush=True)
-            rows[c] = _run_row(spec)
-            print(f"    {json.dumps({k: v for k, v in rows[c].items() if k != 'gears'})}", flush=True)
+            contenders[c] = gears
+        spec = dict(contenders=contenders, model=model_name, seq=seq, serve=second, threads=opts.threads)
+        print(f"[{trace}] serving with {', '.join(contenders)} interleaved ...", flush=True)
+        rows = _serve_trace(spec)
+        for c, r in rows.items():
+            print(f"    {json.dumps({k: v for k, v in r.items() if k != 'gears'})}", flush=True)
         results[trace] = (info, rows)
         done.append(trace)
         text = traffic_report(results, done, opts.contenders, model_name, seq, n, max_batch)
@@ -458,21 +496,25 @@ def traffic_main():
                                         f"{text}\n\n![gears on traffic](gears_traffic.png)")
 
 
-def _run_row(spec: dict) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--traffic-row", json.dumps(spec)]
+def _serve_trace(spec: dict) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--traffic-serve", json.dumps(spec)]
     done = subprocess.run(cmd, capture_output=True, text=True)
+    rows = {}
     for line in done.stdout.splitlines():
         if line.startswith("ROW "):
-            return json.loads(line[4:])
-    tail = (done.stdout + done.stderr)[-3000:]
-    raise RuntimeError(f"contender {spec['contender']} failed (exit {done.returncode}):\n{tail}")
+            row = json.loads(line[4:])
+            rows[row["contender"]] = row
+    if done.returncode != 0 or set(rows) != set(spec["contenders"]):
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise RuntimeError(f"serving the trace failed (exit {done.returncode}):\n{tail}")
+    return rows
 
 
 def traffic_report(results, done, contenders, model_name, seq, n, max_batch) -> str:
     parts = [f"{model_name}, sequence {seq}, {n} requests per trace (first half recorded and planned on, second "
              f"half served), batch 1..{max_batch}. Compile s: warm-up wall time minus its calls' steady latency "
-             f"(compiles and tier-up). Memory: peak RSS from the first compile to the end of serving, minus the "
-             f"RSS then (each row in a fresh process)."]
+             f"(compiles and tier-up). Memory: peak RSS while it was built and warmed, minus the RSS before. "
+             f"Contenders in one process per trace, served interleaved in chunks of {CHUNK} requests."]
     for trace in done:
         info, rows = results[trace]
         plan = info["plan"]
