@@ -423,6 +423,9 @@ def test_row_proof_keeps_rows_through_an_index_by_the_row_numbers(fn, shapes):
     (lambda m, i: m[i.long()], [(3, 5), (3,)], "other than the row numbers"),  # rows picked by the data
     (lambda m: m[torch.arange(m.shape[0]) * 0], [(3, 5)], "other than the row numbers"),  # every row reads row 0
     (lambda m: m[m > 0], [(3, 5)], "by a mask"),  # the result's size depends on the values
+    # a row's index is the row number only in its first column: the second reads the data
+    (lambda m, i: m[torch.cat([torch.arange(m.shape[0])[:, None], i.long()[:, None]], 1)], [(3, 5), (3,)],
+     "other than the row numbers"),
 ])
 def test_row_proof_refuses_an_index_that_reads_other_rows(fn, shapes, reason):
     from rewrite.gears.padding import NotRowwise, row_states

@@ -361,7 +361,7 @@ def _cat(node, states, s):
     dim = _norm(_bound(node)["dim"], len(node.meta.shape))
     if len(set(rows)) != 1 or rows[0].dim == dim:
         raise NotRowwise(f"node %{node.name} ({node.op}) concatenates across or mixes the rows of {s}")
-    return rows[0]
+    return Row(rows[0].dim, rows[0].k, all(st.index for st in rows))  # row numbers only if every part holds them
 
 
 def _empty_1d(n: Node) -> bool:
