@@ -324,13 +324,13 @@ def _declared_gear_spec(example_inputs, config, gm, names) -> GearSpec | None:
     for key in sorted(declared):
         groups.setdefault(_size_symbol(gm, example_inputs, *key) or key, []).append(key)
     chosen = config.inference_config.declared_gears
-    ranges = [_common_range([declared[k] for k in dims]) for dims in groups.values()]
+    group_ranges = [_common_range([declared[k] for k in dims]) for dims in groups.values()]
     zipped = (config.inference_config.dynamic_gears_merge_policy == "zip" and len(groups) > 1
-              and len({(d.lower, d.upper, d.hint) for d in ranges}) == 1)  # the same ladder for every group
+              and len({(d.lower, d.upper, d.hint) for d in group_ranges}) == 1)  # the same ladder for every group
     per_group = LADDER_GEARS if zipped else max(2, int(LADDER_GEARS ** (1 / len(groups))))  # product: all compiled
     by_input: dict = {}
     per_group_gears = []
-    for dims, d in zip(groups.values(), ranges):
+    for dims, d in zip(groups.values(), group_ranges):
         values = sorted({v for v in chosen if d.contains(v)}) if chosen else ladder(d, per_group)
         where = ", ".join(f"input {names[i]} dim {dim}" for i, dim in dims)
         if not values:
