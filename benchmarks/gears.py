@@ -241,6 +241,7 @@ The first half of a trace is the traffic the user recorded; the second half is s
 model is compiled with rewrite and ``dynamic=True`` and run over the first half inside
 ``rewrite.gears.recording()``; the same compiled function then measures the latency at each recorded size
 (`measure_latency`, median of 5), and ``plan_gears(rec, latency=..., max_gears=16, max_waste=0.10)`` picks
+(``--max-waste`` sets another bound; a run with it is printed, not recorded)
 the gears. Contenders, all serving the second half in one fresh process per trace (built one after another,
 then served interleaved: every chunk of 50 requests is served by each contender in turn, the order rotating, so
 the ratios are side by side and a slow stretch of the machine falls on all alike):
@@ -301,7 +302,7 @@ def _traffic_inputs(model_name: str, sizes, seq: int) -> dict:
     return {b: models.token_batch(b, seq, vocab=_vocab(model_name), seed=b) for b in sorted(set(sizes))}
 
 
-def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool):
+def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool, max_waste: float = 0.10):
     """Record the first half through a dynamic=True rewrite compile; measure its latency per size; plan."""
     from rewrite.gears import measure_latency, plan_gears, recording
 
@@ -318,7 +319,7 @@ def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick:
                 fn(inputs[b])
         latency = measure_latency(fn, inputs.__getitem__, sorted(inputs), repeat=1 if quick else 5, warmup=1)
     record_s = time.perf_counter() - t0
-    plan = plan_gears(rec, latency=latency, max_gears=16, max_waste=0.10)
+    plan = plan_gears(rec, latency=latency, max_gears=16, max_waste=max_waste)
     torch._dynamo.reset()
     return rec, plan, record_s, latency
 
@@ -465,6 +466,8 @@ def traffic_main():
     parser.add_argument("--max-batch", type=int, default=None)
     parser.add_argument("--contenders", nargs="+", default=TRAFFIC_CONTENDERS, choices=TRAFFIC_CONTENDERS)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--max-waste", type=float, default=None,
+                        help="the plan's bound on padded work (default 0.10); a run with it is not recorded")
     opts = parser.parse_args()
     quick = opts.quick
     model_name = opts.model or ("bert" if quick else "minilm")
@@ -479,7 +482,8 @@ def traffic_main():
         sizes = traffic_trace(trace, n, max_batch, seed=0)
         first, second = sizes[: n // 2], sizes[n // 2:]
         print(f"[{trace}] recording {len(first)} requests through rewrite dynamic=True and planning ...", flush=True)
-        rec, plan, record_s, latency = plan_from_recording(model_name, seq, first, quick)
+        rec, plan, record_s, latency = plan_from_recording(model_name, seq, first, quick,
+                                                           0.10 if opts.max_waste is None else opts.max_waste)
         print(rec, flush=True)
         print(plan, flush=True)
         ladder = power_of_two_ladder(max(sizes))
@@ -501,9 +505,10 @@ def traffic_main():
         done.append(trace)
         text = traffic_report(results, done, opts.contenders, model_name, seq, n, max_batch)
         print(text, flush=True)
-        traffic_plot(results, done, opts.contenders, quick)
-        if quick:
-            print("(--quick: not recorded in RESULTS.md; its timings mean nothing)")
+        unrecorded = quick or opts.max_waste is not None
+        traffic_plot(results, done, opts.contenders, unrecorded)
+        if unrecorded:
+            print("(--quick or --max-waste: not recorded in RESULTS.md" + ("; its timings mean nothing)" if quick else ")"))
             continue
         command = "python benchmarks/gears.py " + " ".join(sys.argv[1:])
         record_section("gears_traffic", f"## Gears vs dynamic on traffic\n\n`{command.strip()}`\n\n{machine_line()}\n\n"
