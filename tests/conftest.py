@@ -56,3 +56,17 @@ def run_in_threads(work, n: int) -> None:
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def tiny_llama():
+    """A 2-layer Llama with GQA (random weights, seed 0) ready for greedy static-cache `generate`, and a 6-token
+    prompt: the decoder the static-cache tests share."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=64)).eval()
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
+    return model, torch.randint(4, 128, (1, 6), generator=torch.Generator().manual_seed(0))

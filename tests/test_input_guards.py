@@ -10,6 +10,8 @@ import torch
 import rewrite
 from rewrite.input_guards import STATE_GUARDS
 
+from conftest import tiny_llama
+
 
 class _Block(torch.nn.Module):
     def __init__(self):
@@ -170,15 +172,9 @@ def test_transformers_door_with_input_guards_decodes_eagers_tokens():
     """transformers' own door for a backend, with the model's guards dropped: the static-cache decode's step graph
     serves every step, with eager's tokens and no retrace; a backend object in CompileConfig survives transformers'
     deep copies of its generation config."""
-    from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import CompileConfig
 
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2,
-                                             max_position_embeddings=64)).eval()
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
-    ids = torch.randint(4, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    model, ids = tiny_llama()
 
     def generate(**kw):
         with torch.no_grad():

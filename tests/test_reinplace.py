@@ -11,6 +11,8 @@ from rewrite.exec import compile_graph_to_python
 from rewrite.ir import Graph, TensorMeta
 from rewrite.passes import reinplace_buffer_updates
 
+from conftest import tiny_llama
+
 aten = torch.ops.aten
 
 
@@ -67,15 +69,7 @@ def test_a_buffer_that_is_also_an_output_is_left_functional():
 
 
 def test_static_cache_generate_matches_eager_and_writes_the_caches_in_place():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2,
-                                             max_position_embeddings=64)).eval()
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
-    ids = torch.randint(4, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    model, ids = tiny_llama()
 
     def generate(m):
         with torch.no_grad():
