@@ -40,7 +40,6 @@ import statistics
 import sys
 import tempfile
 import time
-import types
 
 import torch
 
@@ -51,6 +50,7 @@ from _results import cold_caches, machine_line, markdown_table, record_section, 
 
 import rewrite  # noqa: E402
 from rewrite.backend import get_backend  # noqa: E402
+from rewrite.demo import with_own_code  # noqa: E402
 
 CONTENDERS = ("eager", "inductor", "inductor-freezing", "rewrite", "rewrite-frozen", "rewrite-ro-sk",
               "inductor-freezing-inputs", "rewrite-ro-sk-inputs")
@@ -84,17 +84,10 @@ def _model(name: str):
 
 
 def _own_forward(m, tag: str):
-    """``m.forward`` behind a code object of its own: Dynamo keeps its graphs per code object, and two contenders
-    compiling the same ``forward`` with equal backends (Inductor freezing with and without a guard filter) would
-    share the first one's graph and guards. Its signature is forward's (generate inspects it)."""
-    forward = m.forward
-
-    def run(*args, **kwargs):
-        return forward(*args, **kwargs)
-
-    code = run.__code__.replace(co_name=f"forward_{tag}")
-    own = types.FunctionType(code, run.__globals__, code.co_name, None, run.__closure__)
-    return functools.update_wrapper(own, forward)
+    """``m.forward`` behind a code object of its own (`rewrite.demo.with_own_code`): two contenders compiling the same
+    ``forward`` with equal backends (Inductor freezing with and without a guard filter) would otherwise share the
+    first one's graph and guards. Its signature is forward's (generate inspects it)."""
+    return functools.update_wrapper(with_own_code(m.forward, f"forward_{tag}"), m.forward)
 
 
 def _compiled(model, contender: str, build_dir: str):

@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 
 import torch
 from torch._dynamo.utils import counters
@@ -42,6 +41,7 @@ from _results import OUT_DIR, cold_caches, machine_line, markdown_table, record_
 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
+from rewrite.demo import with_own_code  # noqa: E402
 
 SCENARIOS = {
     "batch": dict(dim=0, gears=[1, 2, 4, 8, 16], fixed=32, label="batch (seq 32)"),
@@ -342,19 +342,9 @@ def _status_kb(field: str) -> int:
     raise OSError(field)
 
 
-def _own_call(model, tag: str):
-    """``model(...)`` behind a code object of its own: Dynamo keeps graphs, guards and recompile counts per code
-    object, so contenders compiling the same model in one process must not share one."""
-    def run(*args, **kwargs):
-        return model(*args, **kwargs)
-
-    code = run.__code__.replace(co_name=f"serve_{tag}")
-    return types.FunctionType(code, run.__globals__, code.co_name, None, run.__closure__)
-
-
 def _build_contender(contender: str, tag: str, model, gears, first_input):
     config = rewrite.CompilerConfig()
-    call = _own_call(model, tag)
+    call = with_own_code(model, tag)
     if contender == "eager":
         return model
     if contender in ("planned gears", "pow2 ladder"):
@@ -447,7 +437,7 @@ def _warm_the_compilers() -> None:
     x = torch.randn(2, 4)
     with torch.no_grad():
         for backend in (rewrite.get_backend(), "inductor"):
-            fn = torch.compile(_own_call(toy, "warm"), backend=backend, fullgraph=True)
+            fn = torch.compile(with_own_code(toy, "warm"), backend=backend, fullgraph=True)
             for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):
                 fn(x)
     torch._dynamo.reset()

@@ -50,10 +50,11 @@ def _interleaved_ms(contenders: dict, arg) -> dict:
 
 
 def with_own_code(model, tag: str):
-    """``model(x)`` behind a code object of its own: each compiled version keeps its own Dynamo cache
-    (compiling one module twice shares its forward's cache, and a reset would drop the other's)."""
-    def run(x):
-        return model(x)
+    """``model(...)`` behind a code object of its own: each compiled version keeps its own Dynamo cache, guards
+    and recompile count (compiling one module twice shares its forward's cache, and a reset would drop the
+    other's)."""
+    def run(*args, **kwargs):
+        return model(*args, **kwargs)
 
     code = run.__code__.replace(co_name=f"run_{tag}")
     return types.FunctionType(code, run.__globals__, code.co_name, None, run.__closure__)
