@@ -69,7 +69,9 @@ def _attention(sig, symbol):
     exp, log = _fn("exp", T), _fn("log", T)
     R = ROWS if L >= ROWS else 1  # query rows computed together: each key and value row loaded once for all
     # row r of a block: query row i0 + r; past the last row a block recomputes the last row (never stored)
-    keys = "(i + 1 < S ? i + 1 : S)" if causal else "S"  # causal: keys 0..i (SDPA's top-left aligned mask)
+    def keys(row: str) -> str:  # the keys query row ``row`` sees; causal: 0..row (SDPA's top-left aligned mask)
+        return f"({row} + 1 < S ? {row} + 1 : S)" if causal else "S"
+
     masked = f" + mb[i * {ms[2]}LL + j * {ms[3]}LL]" if ms is not None else ""
     parallel = B * H > 1 and B * H * L * S * (E + Ev) >= PARALLEL_WORK
     transposed = E * S <= MAX_TRANSPOSED
@@ -116,11 +118,11 @@ def _attention(sig, symbol):
         f"      const {T} *qi[{R}];",
         f"      for (int64_t r = 0; r < {R}; r++) qi[r] = qb + (i0 + r < {L}LL ? i0 + r : {L - 1}LL) * {qs[2]}LL;",
         f"      const int64_t i_last = i0 + {R - 1} < {L}LL ? i0 + {R - 1} : {L - 1}LL;",
-        "      const int64_t last = " + keys.replace("i + 1", "i_last + 1") + ";  /* the block's most keys */",
+        f"      const int64_t last = {keys('i_last')};  /* the block's most keys */",
         *scores,
         f"      for (int64_t r = 0; r < {R}; r++) {{",
         f"        const int64_t i = i0 + r < {L}LL ? i0 + r : {L - 1}LL;",
-        f"        const int64_t n = {keys};",
+        f"        const int64_t n = {keys('i')};",
         f"        {T} *sr = s[r];",
         "        #pragma omp simd",
         f"        for (int64_t j = 0; j < n; j++) sr[j] = sr[j] * {scale}{masked};",
