@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -444,7 +443,7 @@ def _warm_the_compilers() -> None:
 
 
 def traffic_main():
-    from rewrite.gears import evaluate_gears, power_of_two_ladder
+    from rewrite.gears import power_of_two_ladder
 
     parser = argparse.ArgumentParser(description=TRAFFIC_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traffic", action="store_true")
@@ -477,9 +476,7 @@ def traffic_main():
         print(rec, flush=True)
         print(plan, flush=True)
         ladder = power_of_two_ladder(max(sizes))
-        served_plan = evaluate_gears(second, plan.gears)  # rows padded on the served half, predicted
-        info = dict(plan=plan, ladder=ladder, record_s=record_s, first=first, second=second,
-                    served_padded=served_plan.padded_rows, latency=latency)
+        info = dict(plan=plan, ladder=ladder, record_s=record_s, first=first, second=second, latency=latency)
         contenders = {}
         for c in opts.contenders:
             gears = plan.gears if c == "planned gears" else ladder if c == "pow2 ladder" else None
