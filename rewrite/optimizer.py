@@ -13,9 +13,10 @@ folds"). Once both have run, a step that changes nothing ends the rounds: the gr
 fixpoint of both. Last, the finishing passes, once each, in order: what the e-graph may not
 decide (layouts, aliasing at the graph's edges, in-place updates).
 
-The unit's execution policy (`rewrite.policy`, resolved once per unit) decides which rulesets are
-offered: a ruleset that only pays where a graph runs ATen code is left out where graphs run on
-static kernels (`Saturation.aten_code_only`).
+The unit's execution policy (`rewrite.policy`, resolved once per unit) decides how the graph is
+priced: a graph headed for static kernels is costed under `rewrite.cost.for_static_kernels`, where
+an op without a static kernel also pays for the run of kernels it splits; every ruleset is offered,
+and extraction keeps what pays there.
 
 Called for every graph by the backend and, through the pipeline, for every gear, so an
 already-optimized graph must be cheap: one fixpoint check of the passes and one e-graph run that
@@ -32,7 +33,7 @@ from typing import Callable
 
 from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
-from .cost import SYMBOL_SIZE, current, graph_cost
+from .cost import SYMBOL_SIZE, current, for_static_kernels, graph_cost
 from .dsl import RuleSet
 from .egraph import Limits, run_egraph
 from .ir import Graph
@@ -91,11 +92,9 @@ class Run:
 class Saturation:
     """One e-graph run over ``runs`` in order (then ``config.rules.extra``, each for its own
     ``RuleSet.iterations``), under ``config.rules``' node, time and iteration limits; extraction keeps
-    the result only when it is no costlier. ``aten_code_only``: rulesets offered only to graphs that run
-    ATen code, not static kernels (the unit's policy says which)."""
+    the result only when it is no costlier."""
 
     runs: tuple  # Run values (egglog's separation: rules are declared in rewrite.rules, scheduled here)
-    aten_code_only: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,12 +157,7 @@ SCHEDULE = Schedule(
              "only what reaches an output or has a side effect survives"),
     ), max_sweeps=16),
     saturation=Saturation(
-        runs=tuple(Run(rs, _ITERATIONS.get(rs.name, 8)) for rs in LIBRARY),
-        # oneDNN's fused linear saves the post-op's dispatch; where graphs run on static kernels a GEMM
-        # and its post-op are both C kernels in one native run, and the fused linear, which has no
-        # static kernel, becomes an ATen call that splits that run (benchmarks/zoo.py, phi at batch 8:
-        # 0.795 ms with it, 0.551 ms without).
-        aten_code_only=("fused.linear",)),
+        runs=tuple(Run(rs, _ITERATIONS.get(rs.name, 8)) for rs in LIBRARY)),
     rounds=4,
     finishing=(
         Pass("views_as_reshapes", "finish", _views_as_reshapes,
@@ -184,7 +178,7 @@ def optimize(graph: Graph, unit: CompileUnit | CompilerConfig, report: GraphRepo
     unit = as_unit(unit, graph.name, report)
     if not unit.config.rules.enabled:
         return graph
-    with _cyclic_gc_paused():
+    with _cyclic_gc_paused(), for_static_kernels(unit.policy.static_kernels):
         return _optimize(graph, unit)
 
 
@@ -224,13 +218,11 @@ def library_runs() -> list:
 
 def offered_runs(unit: CompileUnit) -> list:
     """The (ruleset, iterations) runs the saturation offers ``unit``: the schedule's, then the user's
-    rulesets, minus what ``config.rules.disabled`` names and what the unit's policy leaves out."""
+    rulesets, minus what ``config.rules.disabled`` names."""
     config = unit.config
     runs = library_runs() + [(rs, rs.iterations) for rs in check_user_rulesets(config.rules.extra)]
     iterations = {rs.name: k for rs, k in runs}  # a copy without some rules (`without`) keeps its original's count
     kept = without([rs for rs, _ in runs], config.rules.disabled)  # checks every name against everything there is
-    if unit.policy.static_kernels:
-        kept = [rs for rs in kept if rs.name not in SCHEDULE.saturation.aten_code_only]
     return [(rs, iterations[rs.name]) for rs in kept]
 
 
@@ -338,8 +330,6 @@ def describe_schedule(extra=()) -> str:
               f"   Rulesets ({len(runs)} sets, {total} rules; run in this order, each up to its iterations per round):"]
     for rs, iterations in runs:
         head = f"     {rs.name}  ({len(rs)} rules, {iterations} iterations)"
-        if rs.name in sat.aten_code_only:
-            head += " [only where graphs run ATen code, not static kernels]"
         if rs.description:
             head += f"  - {rs.description}"
         lines.append(head)

@@ -15,7 +15,7 @@ import torch
 import rewrite
 from rewrite import cost, models
 from rewrite.config import CompilerConfig, ConfigError
-from rewrite.cost import DEFAULT, FiguresError, KernelTimes, Rate, calibration, machine
+from rewrite.cost import DEFAULT, FiguresError, KernelTimes, Rate, calibration, machine, op_cost
 from rewrite.ir import Graph, TensorMeta
 from rewrite.optimizer import optimize
 from rewrite.report import GraphReport
@@ -172,7 +172,9 @@ def _optimized(g, cal):
 
 
 def test_merge_is_chosen_only_where_the_calibration_says_it_pays():
-    dispatch_bound = dataclasses.replace(DEFAULT, families={**DEFAULT.families, "gemm": Rate(50e-6, 100e9)})
+    # every GEMM kernel (ATen's, and oneDNN's linear on the frozen weights) dispatch-bound
+    dispatch_bound = dataclasses.replace(DEFAULT, families={**DEFAULT.families, "gemm": Rate(50e-6, 100e9),
+                                                            "fused_linear": Rate(50e-6, 100e9)})
     merged, report = _optimized(_qkv(), dispatch_bound)
     assert merged.op_counts().get("aten.addmm.default") == 1 and report.applied["merge_parallel_addmm_3"] == 3
     x = torch.randn(32, 64)
@@ -246,3 +248,23 @@ def test_explain_prints_the_predicted_cost_before_and_after():
     before, after = report.graphs[0].predicted_cost
     assert 0 < after < before
     assert f"predicted cost: {before * 1e6:.1f} us -> {after * 1e6:.1f} us" in str(report)
+
+
+def test_an_op_without_a_static_kernel_pays_for_the_run_it_splits_where_graphs_run_static_kernels():
+    from rewrite.cost.model import OUTSIDE_STATIC_KERNELS, RUN_SPLIT_DISPATCHES
+    from rewrite.ops import FUSED_LINEARS
+
+    if not FUSED_LINEARS:
+        pytest.skip("this build has no oneDNN fused linear")
+    linear = next(iter(FUSED_LINEARS))
+    assert linear in OUTSIDE_STATIC_KERNELS
+    x, w, b, out = meta(32, 64), meta(96, 64), meta(96), meta(32, 96)
+    with calibration.use(DEFAULT):
+        aten_code = (op_cost(linear, out, [x, w, b]), op_cost(aten.addmm.default, out, [b, x, meta(64, 96)]))
+        with cost.for_static_kernels():
+            static = (op_cost(linear, out, [x, w, b]), op_cost(aten.addmm.default, out, [b, x, meta(64, 96)]))
+            with cost.for_static_kernels(False):  # blocks nest, and leave the pricing as they found it
+                assert op_cost(linear, out, [x, w, b]) == aten_code[0]
+            assert op_cost(linear, out, [x, w, b]) == static[0]
+    assert static[0] == pytest.approx(aten_code[0] + RUN_SPLIT_DISPATCHES * DEFAULT.dispatch_s)
+    assert static[1] == aten_code[1]  # the GEMM has a static kernel: priced alike

@@ -1,4 +1,6 @@
 """The optimizer pipeline: folding, dedup, dead edges, user rulesets, and real models vs eager."""
+import dataclasses
+
 import pytest
 import sympy
 import torch
@@ -224,22 +226,37 @@ def _linear_tanh_graph(rows: int = 2, width: int = 64) -> Graph:
 
 
 @pytest.mark.skipif(not rewrite.rules.fused.LINEAR.rules, reason="this build has no oneDNN fused linear")
-def test_the_fused_linear_is_offered_by_the_units_own_policy():
-    """Which rulesets a graph is offered follows its unit's execution policy: in the default mode a training
-    forward graph runs its ATen code (it never tiers up), so it gets oneDNN's fused linear; an inference graph
-    of the same config tiers up to static kernels, where the fused linear (no static kernel) would split a
-    native run, so it does not. (The optimizer once resolved the policy again as if every graph were inference.)"""
-    from rewrite.cost import calibration
+@pytest.mark.parametrize("faster_us, taken_by", [(-1.0, {"forward"}), (50.0, {"forward", "inference"})])
+def test_a_graph_headed_for_static_kernels_prices_the_fused_linear_with_the_run_it_splits(faster_us, taken_by):
+    """Both units of one config are offered oneDNN's fused linear; the cost model prices it by the unit's
+    policy. In the default mode a training forward graph runs its ATen code (it never tiers up): the fused
+    linear wins there when it saves more than it costs (here: 1 us slower than the GEMM, it saves tanh's own
+    call). An inference graph of the same config tiers up to static kernels, where the fused linear (no static
+    kernel) also pays for the run of C kernels it splits: it wins only when it saves more than that too. (The optimizer once resolved the policy again as if every graph were inference.)"""
+    from rewrite.cost import KernelTimes, calibration
+    from rewrite.cost.model import RUN_SPLIT_DISPATCHES
+    from rewrite.ops import FUSED_LINEARS
     from rewrite.unit import CompileUnit
 
+    gemm_s = 100e-6
+    tanh_call_s = calibration.DEFAULT.families["pointwise"].overhead_s
+    split_s = RUN_SPLIT_DISPATCHES * calibration.DEFAULT.dispatch_s
+    assert 0 < tanh_call_s - 1e-6 < split_s and split_s + tanh_call_s < 50e-6  # what the two cases mean
+
+    class Measured(KernelTimes):  # what this machine "measured": the GEMM, and the fused linear faster_us faster
+        def seconds(self, target, out_meta, in_metas):
+            if target in FUSED_LINEARS:
+                return gemm_s - faster_us * 1e-6
+            return gemm_s if target is aten.addmm.default else None  # the rest: priced by the model
+
     config = CompilerConfig()
-    for kind, offered in (("forward", True), ("inference", False)):
+    for kind in ("forward", "inference"):
         unit = CompileUnit(f"g0_{kind}", 0, kind, config)
         assert unit.policy.tiers_up is (kind == "inference")
-        with calibration.use(calibration.DEFAULT):
+        with calibration.use(dataclasses.replace(calibration.DEFAULT, kernel_times=Measured(None))):
             out = optimize(_linear_tanh_graph(), unit)
-        # offered: the rule fired in the e-graph (whether extraction keeps the fused kernel is the cost model's
-        # call, from kernels timed on this machine)
-        assert bool(unit.report.applied.get("linear_tanh")) is offered, (kind, unit.report.applied)
+        assert unit.report.applied.get("linear_tanh"), (kind, unit.report.applied)  # offered to both
+        fused = [n for n in out.nodes if n.kind == "call" and n.target in FUSED_LINEARS]
+        assert bool(fused) is (kind in taken_by), (kind, faster_us, [n.op for n in out.nodes if n.kind == "call"])
         x = torch.randn(2, 64)
         torch.testing.assert_close(run(out, x)[0], run(_linear_tanh_graph(), x)[0], rtol=1e-5, atol=1e-5)

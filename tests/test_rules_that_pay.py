@@ -102,13 +102,13 @@ def test_gpt2_gelu_chain_becomes_one_kernel_and_matches_eager():
     assert ops.get("aten.gelu.default", 0) + ops.get("mkldnn._linear_pointwise.default", 0) == 2
 
 
-def test_graphs_headed_for_static_kernels_are_not_offered_the_fused_linear():
+def test_graphs_headed_for_static_kernels_keep_small_gemms_as_kernels():
     # The default mode tiers up to static kernels: GEMM and post-op are C kernels in one native run there,
-    # and oneDNN's fused linear (no static kernel) would be an ATen call between them.
+    # and oneDNN's fused linear (no static kernel) would be an ATen call between them. Offered, it loses on
+    # this small model's GEMMs (oneDNN's call alone costs more than they take): extraction keeps the GEMMs.
     want, got, report = _compile(models.gpt2(), models.token_batch(2, 16))
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
-    _fired(report, "gelu_tanh", "scale_into_addmm")
-    assert "linear_gelu_tanh" not in report.applied()
+    _fired(report, "gelu_tanh", "scale_into_addmm", "linear_gelu_tanh")
     assert not report.graphs[0].ops_after.get("mkldnn._linear_pointwise.default")
 
 
@@ -266,3 +266,37 @@ def test_unfused_linear_computes_what_the_onednn_kernel_computes():
                                        atol=1e-5, rtol=1e-5)
     with pytest.raises(NotImplementedError, match="hardswish"):
         unfused_linear(k.default, torch.randn(4, 8), w, b, "hardswish", [], "")
+
+
+def _fused_linear_graph(weight: torch.Tensor) -> Graph:
+    """oneDNN's linear on a constant weight: what the ``fused.linear`` rules leave of a frozen GEMM."""
+    g = Graph("fused_linear")
+    x = g.placeholder("x", TensorMeta(torch.float32, (sympy.Integer(8), sympy.Integer(weight.shape[1]))))
+    out = TensorMeta(torch.float32, (sympy.Integer(8), sympy.Integer(weight.shape[0])))
+    g.set_output((g.call(torch.ops.mkldnn._linear_pointwise.default, (x, g.constant(weight), None, "none", [], ""),
+                         meta=out),))
+    return g
+
+
+@pytest.mark.skipif(not fused.LINEAR.rules, reason="this build has no oneDNN fused linear")
+def test_generated_code_binds_the_fused_linears_weight_packed_once_per_weight():
+    """oneDNN reorders a dense weight on every call; generated code binds it in oneDNN's own layout instead,
+    made once: two graphs with equal weights (two gears fold one weight twice) share one packed copy."""
+    from rewrite.exec.codegen import compile_graph_to_python, generate_source
+    from rewrite.ops import packed_linear_weight
+
+    weight = torch.randn(48, 32, generator=torch.Generator().manual_seed(0))
+    packed = []
+    for w in (weight, weight.clone()):
+        source, bound = generate_source(_fused_linear_graph(w))
+        (name, value), = [(k, v) for k, v in bound.items() if isinstance(v, torch.Tensor) and v.is_mkldnn]
+        (call,) = [line for line in source.splitlines() if "_linear_pointwise" in line]
+        assert f"(a0, {name}, None," in call, source  # the call reads the packed weight
+        packed.append(value)
+    assert packed[0] is packed[1]
+    x = torch.randn(8, 32)
+    torch.testing.assert_close(compile_graph_to_python(_fused_linear_graph(weight))(x)[0], x @ weight.t(),
+                               atol=1e-5, rtol=1e-5)
+    # what oneDNN's packed form does not take is bound as it is
+    for other in (weight.double(), weight.t(), torch.randn(4, 8, 8), torch.empty(0, 8)):
+        assert packed_linear_weight(other) is other

@@ -28,6 +28,7 @@ import threading
 
 import torch
 
+from ..ops import packed_linear_weight
 from ..utils import THREAD_COUNT_LOCK, set_this_thread_intra_op_threads
 from .kernel_times import KernelTimes
 from .machine import SPEED, FiguresError, cache_path, read, update
@@ -87,7 +88,7 @@ def _family_points(quick: bool):
         fused = []
         for m, k, n in gemms:
             x, w, b = gemm_inputs(m, k, n)
-            wt = w.t().contiguous()
+            wt = packed_linear_weight(w.t().contiguous())  # as generated code binds it
             fused.append((2.0 * m * k * n, lambda x=x, wt=wt, b=b: torch.ops.mkldnn._linear_pointwise.default(
                 x, wt, b, "none", [], "")))
         out["fused_linear"] = fused

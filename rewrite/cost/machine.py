@@ -4,8 +4,8 @@ Everything the cost model measures on this machine goes into one JSON file in th
 folder (`rewrite.persist.folders`: ``$REWRITE_CACHE_DIR``, else ``$XDG_CACHE_HOME/rewrite``, else
 ``~/.cache/rewrite``), named by its key, so only the first compiles on a machine pay for measuring::
 
-    {"format": 3,
-     "key": {"format": 3, "machine": ..., "cpu": ..., "cores": ..., "torch": ..., "threads": ...},
+    {"format": 4,
+     "key": {"format": 4, "machine": ..., "cpu": ..., "cores": ..., "torch": ..., "threads": ...},
      "saved_at": "2025-01-31 12:00:00",
      "calibration": {"dispatch_s": ..., "view_s": ..., "families": {family: {"overhead_s": ..., "rate": ...}},
                      "dtype_speed": {dtype: ...}, "threads": ..., "parallel": ...}   (or null: not measured yet),
@@ -45,7 +45,8 @@ from .rates import DTYPES, FAMILIES, Calibration, Rate
 __all__ = ["FORMAT", "MAX_FILE_BYTES", "MAX_KERNEL_TIMES", "SECONDS", "RATE", "SPEED", "FiguresError", "Figures",
            "cache_key", "cache_path", "read", "update"]
 
-FORMAT = 3                 # 2: the rates alone (cost-model-*.json); 1: kernel times alone (kernel-times-*.json)
+FORMAT = 4                 # 3: oneDNN's linear timed on a dense weight (it runs on a packed one since 4);
+                           # 2: the rates alone (cost-model-*.json); 1: kernel times alone (kernel-times-*.json)
 MAX_FILE_BYTES = 2 << 20   # the rates take about 1 KiB; the rest is room for MAX_KERNEL_TIMES entries
 MAX_KERNEL_TIMES = 8192    # kernel times kept (past it, the file's are dropped before this process's)
 MAX_SIGNATURE = 1000       # characters of one kernel's signature

@@ -16,12 +16,22 @@ size queries cost a fraction of a dispatch, so extraction still prefers ``x`` ov
 ``view(view(x))``; symbolic sizes are costed at `SYMBOL_SIZE` (`rewrite.cost.sizes`). Where a GEMM or attention kernel
 has static shapes, its time measured at those shapes replaces the formula (`rewrite.cost.kernel_times`).
 
+A graph headed for static kernels (reduce-overhead with static kernels, the default mode's tier-up) is
+priced under `for_static_kernels`: an op the C generator has no kernel for (`OUTSIDE_STATIC_KERNELS`: the
+oneDNN and MKL linears rules produce) is an ATen call between two runs of C kernels there, so it also pays
+`RUN_SPLIT_DISPATCHES` dispatches: its own call from the generated Python, which the GEMM kernel it
+replaces does not make, and the extra runner call of the run it splits. A large GEMM on oneDNN's packed
+weight is worth that (MiniLM at 512 rows: 2.4 ms against MKL's 3.0 ms); a small one is not (the zoo's
+64-wide GPT-2: 0.795 ms with the fused linears, 0.551 ms without, when they were priced as ATen calls).
+
 Compile-time work is free: an op whose inputs are all constants is evaluated once by the folding
 pass (`folds_at_compile_time`), so a rule may build new weights out of frozen ones (a concatenated
 QKV weight, a scale folded into a weight) and extraction counts them at no run-time cost.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import operator
 
@@ -35,7 +45,8 @@ from .sizes import concrete, nbytes, numel
 
 __all__ = ["op_cost", "node_cost", "graph_cost", "flops", "moves_no_data", "family_of", "call_inputs",
            "folds_at_compile_time", "foldable_target", "is_weight", "dispatch_overhead", "single_thread_cost",
-           "pointwise_pass", "FAMILIES", "SIZE_S", "FOLD_SIZE_LIMIT"]
+           "pointwise_pass", "for_static_kernels", "FAMILIES", "SIZE_S", "FOLD_SIZE_LIMIT", "OUTSIDE_STATIC_KERNELS",
+           "RUN_SPLIT_DISPATCHES"]
 
 SIZE_S = 0.3e-6          # size arithmetic on Python ints (not worth measuring: it is never the choice)
 PARALLEL_GRAIN_S = 100e-6  # one thread's work from which a kernel gets the measured multi-thread speed-up
@@ -48,6 +59,22 @@ FAMILIES = ops.COST_FAMILIES
 _FAMILY = {t: f for f, targets in {**_COMPUTE, **_MEMORY}.items() for t in targets}
 # reshape too: it is a view whenever the layout allows, and the graphs it runs in are dense
 _FREE = ops.VIEWS | ops.SIZE_QUERIES | {operator.getitem} | ops.overloads("reshape.default")
+
+
+# Kernels rules produce that no static kernel runs (rewrite.kernels.cgen generates none of them).
+OUTSIDE_STATIC_KERNELS = ops.FUSED_LINEARS | ops.PACKED_LINEARS
+RUN_SPLIT_DISPATCHES = 2  # what such an op adds in a graph of static kernels: its own call, and one more run
+_STATIC_KERNELS = contextvars.ContextVar("rewrite_cost_for_static_kernels", default=False)
+
+
+@contextlib.contextmanager
+def for_static_kernels(on: bool = True):
+    """Price ops, within this block and this thread, for a graph headed for static kernels (module docstring)."""
+    token = _STATIC_KERNELS.set(bool(on))
+    try:
+        yield
+    finally:
+        _STATIC_KERNELS.reset(token)
 
 
 def family_of(target) -> str:
@@ -95,18 +122,21 @@ def _metas_key(metas) -> tuple:
 
 def op_cost(target, out_meta, in_metas: list) -> float:
     """Predicted seconds of one call of ``target`` producing ``out_meta`` from inputs with ``in_metas``."""
+    static = _STATIC_KERNELS.get()
     try:
-        return _op_cost_cached(target, out_meta, _metas_key(in_metas), _calibration())
+        return _op_cost_cached(target, out_meta, _metas_key(in_metas), _calibration(), static)
     except TypeError:  # an unhashable meta (a list): compute without the cache
-        return _op_cost(target, out_meta, in_metas, _calibration())
+        return _op_cost(target, out_meta, in_metas, _calibration(), static)
 
 
 @functools.lru_cache(maxsize=65_536)
-def _op_cost_cached(target, out_meta, in_metas: tuple, cal) -> float:
-    return _op_cost(target, out_meta, list(in_metas), cal)
+def _op_cost_cached(target, out_meta, in_metas: tuple, cal, static: bool) -> float:
+    return _op_cost(target, out_meta, list(in_metas), cal, static)
 
 
-def _op_cost(target, out_meta, in_metas: list, cal) -> float:
+def _op_cost(target, out_meta, in_metas: list, cal, static: bool = False) -> float:
+    if static and target in OUTSIDE_STATIC_KERNELS:
+        return RUN_SPLIT_DISPATCHES * cal.dispatch_s + _op_cost(target, out_meta, in_metas, cal)
     if cal.kernel_times is not None:  # GEMMs and attention at static shapes: measured (rewrite.cost.kernel_times)
         measured = cal.kernel_times.seconds(target, out_meta, in_metas)
         if measured is not None:
@@ -209,7 +239,7 @@ def graph_cost(graph: Graph) -> float:
     compile time (constants and calls on them, see `folds_at_compile_time`) costs nothing."""
     known: dict[int, int] = {}  # compile-time node id -> its elements if it comes from frozen weights, else 0
     total = 0.0
-    cal, memo = _calibration(), {}  # memo by meta identity: a graph's nodes share few meta objects
+    cal, memo, static = _calibration(), {}, _STATIC_KERNELS.get()  # memo by meta identity: nodes share few metas
     for n in graph.nodes:
         if n.kind == "constant":
             known[n.id] = numel(n.meta) if is_weight(n) else 0
@@ -226,7 +256,7 @@ def graph_cost(graph: Graph) -> float:
         key = (n.target, id(n.meta), *map(id, metas))
         entry = memo.get(key)
         if entry is None:  # the metas ride along, so their ids stay theirs while the memo lives
-            entry = memo[key] = (_op_cost(n.target, n.meta, metas, cal), n.meta, metas)
+            entry = memo[key] = (_op_cost(n.target, n.meta, metas, cal, static), n.meta, metas)
         total += entry[0]
     return total
 

@@ -15,7 +15,7 @@ import torch
 
 from ..fx_bridge import CompileError
 from ..ir import Graph, Node, TensorMeta
-from ..ops import kernel_of
+from ..ops import CONSTANT_OPERAND_FORMS, kernel_of
 
 __all__ = ["generate_source", "compile_graph_to_python", "Emitter", "safe_name"]
 
@@ -112,6 +112,9 @@ class Emitter:
             return f"({args[0]} {_INLINE_BINARY[t]} {args[1]})"
         if t is operator.neg and len(args) == 1:
             return f"(-{args[0]})"
+        for k, form in CONSTANT_OPERAND_FORMS.get(t, {}).items():
+            if k < len(n.args) and isinstance(n.args[k], Node) and n.args[k].kind == "constant":
+                args[k] = self.bind(form(n.args[k].value), "c")
         fn = kernel_of(t, all_tensors=all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) for a in n.args))
         # Kernel globals are named after the op, so generated code and `py` dumps read well.
         return f"{self.bind(fn, safe_name(n.op) + '_')}({', '.join(args + kwargs)})"

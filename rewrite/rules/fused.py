@@ -2,9 +2,13 @@
 
 * ``fused.gelu``: GPT-2's ``gelu_new`` (``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``,
   eight pointwise ops after AOTAutograd) is ``gelu(x, approximate="tanh")``, one kernel on any device.
-* ``fused.linear``: oneDNN's linear with a post-op, ``mkldnn._linear_pointwise``: a float32 GEMM
-  with its bias and activation (GPT-2's tanh GELU, BERT's pooler tanh) in one call on the frozen
-  weight (``t_copy(w)``: stored the way oneDNN reads it, folded at compile time).
+* ``fused.linear``: oneDNN's linear, ``mkldnn._linear_pointwise``: a float32 GEMM on a frozen weight
+  with its bias (if any) and activation (none, GPT-2's tanh GELU, BERT's pooler tanh) in one call.
+  The weight is ``t_copy(w)``, folded at compile time; the generated code binds it in oneDNN's own
+  blocked layout (`rewrite.ops.packed_linear_weight`), made once. That is what makes even the plain
+  form (no activation) worth offering: on a CPU where oneDNN's AVX-512 GEMM outruns MKL's (AMD EPYC:
+  MKL takes its AVX2 path there), a prepacked linear took 0.70-0.97x of MKL's GEMM at MiniLM's shapes
+  (32 to 512 rows, 384 x 384 to 384 x 1536 weights), its fixed cost about 17 us more.
 
 Left out, each with the counterexample `check_rule` printed: the erf GELU post-op (ATen's
 ``gelu(+inf)`` is nan, oneDNN's is inf), bfloat16 (a row ``[0.5, 0.5, -inf]`` times a weight sums
@@ -14,8 +18,11 @@ to inf in addmm and to nan in oneDNN's blocked bf16 kernel), and linear + residu
 The linear rules exist only where this ATen build has the kernel for the dtype, with a shape
 function (`available`): the module runs each kernel once on a tiny input when it is loaded and
 leaves out what fails, recording why in `LEFT_OUT` (``python -m rewrite rules`` prints it). They
-match CPU tensors only. Whether a fused form is used is the calibrated cost model's call: on a CPU
-where oneDNN's unpacked fp32 linear is slower than MKL's GEMM, extraction keeps the GEMM.
+match CPU tensors only. Whether a fused form is used is the cost model's call, from the kernels timed
+at the graph's shapes on this machine (`rewrite.cost.kernel_times`, the linear on its packed weight):
+on a CPU where MKL's GEMM is the faster, and for small GEMMs (oneDNN's call costs more), extraction keeps
+the GEMM; in a graph headed for static kernels the fused linear, which has none, also pays for the run of
+kernels it splits (`rewrite.cost.model`).
 
 All rewrite rounding (``exact=False``): a fused kernel computes the same function in its own order.
 """
@@ -70,9 +77,10 @@ def _pointwise_call(dtype):
     return k, (torch.ones(2, 3, dtype=dtype), torch.ones(4, 3, dtype=dtype), torch.ones(4, dtype=dtype), "relu", [], "")
 
 
-# activation pattern on a value -> (oneDNN post-op, its algorithm): GPT-2's GELU, BERT's pooler tanh.
+# activation pattern on a value -> (oneDNN post-op, its algorithm): none, GPT-2's GELU, BERT's pooler tanh.
 # The erf GELU (BERT, ViT) stays out: ATen's gelu(+inf) is nan, oneDNN's is inf (check_rule).
 _ACTIVATIONS = {
+    "": (lambda v: v, "none", ""),
     "gelu_tanh": (lambda v: aten.gelu.default(v, approximate="tanh"), "gelu", "tanh"),
     "tanh": (aten.tanh.default, "tanh", ""),
 }
@@ -101,12 +109,17 @@ def _linear_rules() -> list:
     weight, bias = aten.t_copy.default(w), aten.clone.default(b, memory_format=torch.contiguous_format)
     when = [on_device(x, "cpu"), same_dtype(w, x), same_dtype(b, x), dims_agree(x, 1, w, 0), dims_agree(b, 0, w, 1),
             is_const(w), is_const(b)]
-    return [rule(act(addmm(b, x, w)), op(linear)(x, weight, bias, attr, [], algorithm), when=when, exact=False,
-                 name=f"linear_{name}")
-            for name, (act, attr, algorithm) in _ACTIVATIONS.items()]
+    with_bias = [rule(act(addmm(b, x, w)), op(linear)(x, weight, bias, attr, [], algorithm), when=when, exact=False,
+                      name="_".join(filter(None, ("linear", name))))
+                 for name, (act, attr, algorithm) in _ACTIVATIONS.items()]
+    # bias-free projections (T5, Llama): the GEMM alone
+    no_bias = rule(aten.mm.default(x, w), op(linear)(x, weight, None, "none", [], ""), exact=False,
+                   when=[on_device(x, "cpu"), same_dtype(w, x), dims_agree(x, 1, w, 0), is_const(w)], name="linear_mm")
+    return with_bias + [no_bias]
 
 
 LINEAR = RuleSet("fused.linear", _linear_rules(),
-                 description="GEMM + bias + activation -> oneDNN linear with the activation as post-op (CPU)")
+                 description="GEMM [+ bias] [+ activation] on a frozen weight -> oneDNN linear, the activation as "
+                             "post-op (CPU)")
 
 RULESETS = [GELU, LINEAR]
