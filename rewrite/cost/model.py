@@ -21,8 +21,8 @@ priced under `for_static_kernels`: an op the C generator has no kernel for (`OUT
 oneDNN and MKL linears rules produce) is an ATen call between two runs of C kernels there, so it also pays
 `RUN_SPLIT_DISPATCHES` dispatches: its own call from the generated Python, which the GEMM kernel it
 replaces does not make, and the extra runner call of the run it splits. A large GEMM on oneDNN's packed
-weight is worth that (MiniLM at 512 rows: 2.4 ms against MKL's 3.0 ms); a small one is not (the zoo's
-64-wide GPT-2: 0.795 ms with the fused linears, 0.551 ms without, when they were priced as ATen calls).
+weight is worth that (MiniLM's QKV at 512 rows: 2.4 ms against MKL's 3.0 ms); a small one is not (the zoo's
+phi at batch 8: 0.795 ms with its fused linears, 0.551 ms without, when they were priced as ATen calls).
 
 Compile-time work is free: an op whose inputs are all constants is evaluated once by the folding
 pass (`folds_at_compile_time`), so a rule may build new weights out of frozen ones (a concatenated
