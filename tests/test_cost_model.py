@@ -268,3 +268,31 @@ def test_an_op_without_a_static_kernel_pays_for_the_run_it_splits_where_graphs_r
             assert op_cost(linear, out, [x, w, b]) == static[0]
     assert static[0] == pytest.approx(aten_code[0] + RUN_SPLIT_DISPATCHES * DEFAULT.dispatch_s)
     assert static[1] == aten_code[1]  # the GEMM has a static kernel: priced alike
+
+
+def test_a_symbolic_graph_keeps_the_gemm_its_gears_choose_at_their_own_sizes():
+    """Whether oneDNN's linear pays depends on the sizes: with a symbolic size it is never chosen (a gear made
+    from the graph could not undo it), at static sizes the timed kernels decide."""
+    from rewrite.cost.model import AT_STATIC_SHAPES_ONLY_S
+    from rewrite.ops import FUSED_LINEARS
+
+    if not FUSED_LINEARS:
+        pytest.skip("this build has no oneDNN fused linear")
+    linear = next(iter(FUSED_LINEARS))
+    rows = sympy.Symbol("s0", positive=True, integer=True)
+    x, w, b = TensorMeta(torch.float32, (rows, S(64))), meta(96, 64), meta(96)
+    out = TensorMeta(torch.float32, (rows, S(96)))
+    # a machine where oneDNN's linear is far faster than the GEMM, at any size
+    onednn_fast = dataclasses.replace(DEFAULT, families={**DEFAULT.families, "fused_linear": Rate(1e-7, 1e13)})
+    with calibration.use(onednn_fast):
+        assert op_cost(linear, meta(32, 96), [meta(32, 64), w, b]) < op_cost(aten.addmm.default, meta(32, 96),
+                                                                             [b, meta(32, 64), meta(64, 96)])
+        assert op_cost(linear, out, [x, w, b]) == AT_STATIC_SHAPES_ONLY_S
+        assert op_cost(aten.addmm.default, out, [b, x, meta(64, 96)]) < AT_STATIC_SHAPES_ONLY_S / 1000
+        g = Graph("symbolic_linear")
+        xs = g.placeholder("x", x)
+        y = g.call(aten.addmm.default, (g.constant(torch.randn(96)), xs, g.constant(torch.randn(64, 96))), meta=out)
+        g.set_output((y,))
+        got = optimize(g, CompilerConfig())
+    assert got.op_counts().get("aten.addmm.default") == 1 and not any(
+        n.target in FUSED_LINEARS for n in got.nodes if n.kind == "call")

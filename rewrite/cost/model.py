@@ -20,9 +20,22 @@ A graph headed for static kernels (reduce-overhead with static kernels, the defa
 priced under `for_static_kernels`: an op the C generator has no kernel for (`OUTSIDE_STATIC_KERNELS`: the
 oneDNN and MKL linears rules produce) is an ATen call between two runs of C kernels there, so it also pays
 `RUN_SPLIT_DISPATCHES` dispatches: its own call from the generated Python, which the GEMM kernel it
-replaces does not make, and the extra runner call of the run it splits. A large GEMM on oneDNN's packed
-weight is worth that (MiniLM's QKV at 512 rows: 2.4 ms against MKL's 3.0 ms); a small one is not (the zoo's
-phi at batch 8: 0.795 ms with its fused linears, 0.551 ms without, when they were priced as ATen calls).
+replaces does not make, the extra runner call of the run it splits, and the wake-up of its thread pool,
+which the C kernels before it left idle. Measured on GPT-2 (64 wide) at batch 1: oneDNN's linear took
+62 us a call inside the run against 34 us timed alone, and the gear with two of them 1.35x the time of
+the gear without (about 6 dispatches more than the two counted first; the dispatch is measured per
+machine, so the charge scales with it). A large GEMM on oneDNN's packed weight is worth that (MiniLM's
+QKV at 512 rows: 2.4 ms against MKL's 3.0 ms); a small one is not (the zoo's phi at batch 8: 0.795 ms
+with its fused linears, 0.551 ms without, when they were priced as ATen calls).
+
+Whether oneDNN's linear beats ATen's GEMM depends on the sizes (its call costs about 17 us more, its GEMM
+is faster on some CPUs and not on others), so it is chosen at static shapes only, where the kernels are
+timed: with a symbolic size its cost is `AT_STATIC_SHAPES_ONLY_S`, more than any GEMM. A symbolic graph
+keeps ATen's GEMM; each gear made from it is optimized again at its own sizes and chooses there (the
+choice cannot be undone by a later optimization: no rule leads from the fused linear back to the GEMM).
+Before, a symbolic graph priced it at the stand-in size, and its gears inherited oneDNN's linear even
+where their GEMMs were 64 wide (benchmarks/reduce_overhead.py's GPT-2 at batch 1: 1.9 ms a call of its gear,
+0.73 ms of its static graph).
 
 Compile-time work is free: an op whose inputs are all constants is evaluated once by the folding
 pass (`folds_at_compile_time`), so a rule may build new weights out of frozen ones (a concatenated
@@ -46,7 +59,7 @@ from .sizes import concrete, nbytes, numel
 __all__ = ["op_cost", "node_cost", "graph_cost", "flops", "moves_no_data", "family_of", "call_inputs",
            "folds_at_compile_time", "foldable_target", "is_weight", "dispatch_overhead", "single_thread_cost",
            "pointwise_pass", "for_static_kernels", "FAMILIES", "SIZE_S", "FOLD_SIZE_LIMIT", "OUTSIDE_STATIC_KERNELS",
-           "RUN_SPLIT_DISPATCHES"]
+           "RUN_SPLIT_DISPATCHES", "AT_STATIC_SHAPES_ONLY_S"]
 
 SIZE_S = 0.3e-6          # size arithmetic on Python ints (not worth measuring: it is never the choice)
 PARALLEL_GRAIN_S = 100e-6  # one thread's work from which a kernel gets the measured multi-thread speed-up
@@ -63,7 +76,8 @@ _FREE = ops.VIEWS | ops.SIZE_QUERIES | {operator.getitem} | ops.overloads("resha
 
 # Kernels rules produce that no static kernel runs (rewrite.kernels.cgen generates none of them).
 OUTSIDE_STATIC_KERNELS = ops.FUSED_LINEARS | ops.PACKED_LINEARS
-RUN_SPLIT_DISPATCHES = 2  # what such an op adds in a graph of static kernels: its own call, and one more run
+RUN_SPLIT_DISPATCHES = 8  # what such an op adds in a graph of static kernels: its call, one more run, a wake-up
+AT_STATIC_SHAPES_ONLY_S = 1.0  # such an op with a symbolic size: never chosen over the GEMM it replaces
 _STATIC_KERNELS = contextvars.ContextVar("rewrite_cost_for_static_kernels", default=False)
 
 
@@ -135,8 +149,11 @@ def _op_cost_cached(target, out_meta, in_metas: tuple, cal, static: bool) -> flo
 
 
 def _op_cost(target, out_meta, in_metas: list, cal, static: bool = False) -> float:
-    if static and target in OUTSIDE_STATIC_KERNELS:
-        return RUN_SPLIT_DISPATCHES * cal.dispatch_s + _op_cost(target, out_meta, in_metas, cal)
+    if target in OUTSIDE_STATIC_KERNELS:
+        if not all(m.is_static() for m in in_metas if isinstance(m, TensorMeta)):
+            return AT_STATIC_SHAPES_ONLY_S
+        if static:
+            return RUN_SPLIT_DISPATCHES * cal.dispatch_s + _op_cost(target, out_meta, in_metas, cal)
     if cal.kernel_times is not None:  # GEMMs and attention at static shapes: measured (rewrite.cost.kernel_times)
         measured = cal.kernel_times.seconds(target, out_meta, in_metas)
         if measured is not None:
