@@ -186,17 +186,39 @@ class _IntList(_Typed):
         return sorted(set(value))
 
 
+class _DeclaredGears(_Typed):
+    """Sizes for declared dims: one list for every dim, or a list per gear axis, keyed by a ShapeVar's name or by
+    'argument:dim' ({"batch": [1, 4, 16], "input_ids:1": [32, 128]}); checked when assigned."""
+
+    def __init__(self):
+        super().__init__([], list, tuple, dict)
+
+    def check(self, path: str, value):
+        super().check(path, value)
+        if not isinstance(value, dict):
+            return _IntList().check(path, value)
+        out = {}
+        for key, sizes in value.items():
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"{path}: key {key!r} is not allowed; keys are ShapeVar names or 'argument:dim' "
+                                  "strings, e.g. 'batch' or 'input_ids:1'")
+            out[key] = _IntList().check(f"{path}[{key!r}]", sizes)
+        return out
+
+
 class InferenceConfig(_Section):
     # How set_dim_gears lists combine (within a tensor, then across tensors): position by position
     # ("zip", equal lengths) or every combination ("product"). At most 100 gears in total.
     dynamic_gears_merge_policy = _Choice("zip", ("zip", "product"))
     # A shape that is no gear: raise ("error"), pad up to the smallest larger gear when the graph
-    # provably keeps that dimension's rows independent ("pad"), or run the symbolic graph ("dynamic").
-    gear_fallback = _Choice("error", ("error", "pad", "dynamic"))
+    # provably keeps that dimension's rows independent ("pad"), pad or split into several gears' runs, whichever
+    # the gears' measured latency says is cheaper ("fit": rewrite.gears.fit), or run the symbolic graph ("dynamic").
+    gear_fallback = _Choice("error", ("error", "pad", "fit", "dynamic"))
     # Gears for dims the user declared a range for (mark_dynamic(t, d, min=, max=), torch.compile(shapes_spec=...)):
     # these sizes, those inside each declared range (e.g. rewrite.gears.plan_gears(...).gears); [] = the default
-    # ladder (the range's ends, its optimization_hint and powers of two between: rewrite.gears.declared).
-    declared_gears = _IntList()
+    # ladder (the range's ends, its optimization_hint and powers of two between: rewrite.gears.declared). A dict gives
+    # each gear axis its own sizes, by ShapeVar name or 'argument:dim': {"batch": [1, 4, 16], "input_ids:1": [32, 128]}.
+    declared_gears = _DeclaredGears()
 
 
 class ExecConfig(_Section):

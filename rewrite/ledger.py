@@ -8,6 +8,8 @@ Here each of them is a line in the function's `Ledger`:
 ======================  =============================================================================
 ``pads``                calls padded up to a larger gear (``gear_fallback="pad"``); ``padded_rows``:
                         the padding they computed, in elements of the padded dims
+``splits``              calls run as several gears' runs, split along a gear axis (``gear_fallback="fit"``); their
+                        padded parts count in ``padded_rows`` too
 ``dynamic_fallbacks``   calls no gear served that ran the symbolic graph (``gear_fallback="dynamic"``)
 ``recompiles``          Dynamo graphs compiled for a function after its first (a retrace)
 ``uncaptured``          calls of a CUDA gear that ran without its CUDA graph (capture failed, limit reached)
@@ -34,6 +36,7 @@ __all__ = ["Ledger", "Stats", "SlowPathError", "SLOW_PATHS"]
 # kind -> what it means, for messages
 SLOW_PATHS = {
     "pads": "a call was padded up to a larger gear",
+    "splits": "a call was split into several gears' runs",
     "dynamic_fallbacks": "a call no gear serves ran the dynamic (symbolic) graph",
     "recompiles": "Dynamo compiled another graph for the function (a retrace)",
     "uncaptured": "a CUDA gear ran without its CUDA graph",
@@ -59,6 +62,7 @@ class Stats:
 
     pads: int = 0
     padded_rows: int = 0
+    splits: int = 0
     dynamic_fallbacks: int = 0
     recompiles: int = 0
     uncaptured: int = 0

@@ -582,3 +582,63 @@ def test_fallbacks_serve_gears_and_other_sizes_from_one_graph_whatever_the_first
             x = ids if b == first else models.token_batch(b, 16, seed=b)
             torch.testing.assert_close(fn(x).last_hidden_state, model(x).last_hidden_state, rtol=1e-4, atol=1e-4)
     assert unique_graphs() == 1
+
+
+# -- gear axes: dims that are one size, whichever inputs carry them --------------------------------
+
+def test_product_makes_one_axis_of_the_same_dim_of_inputs_declared_alike():
+    """A model's input_ids and attention_mask over batch and sequence: |B| x |L| gears, not (|B| x |L|)^2."""
+    batch, seq = list(range(1, 6)), [16, 32, 64, 128, 256]
+    ids = InputGears(0, "input_ids", {0: tuple(batch), 1: tuple(seq)}, (5, 256))
+    mask = InputGears(1, "attention_mask", {0: tuple(batch), 1: tuple(seq)}, (5, 256))
+    gears = merge_gears([ids, mask], "product")
+    assert len(gears) == 25 and all(g[(0, 0)] == g[(1, 0)] and g[(0, 1)] == g[(1, 1)] for g in gears)
+    # without the call's sizes (or with different ones) the declarations alone do not make one axis
+    assert len(merge_gears([_inp(0, {0: [2, 4]}), _inp(1, {0: [2, 4]})], "product")) == 4
+    # dims the trace made one size symbol are one axis whatever their declarations; they share their common sizes
+    a, b = InputGears(0, "a", {0: (2, 4, 8)}, (8,)), InputGears(1, "b", {1: (4, 8)}, (3, 8))
+    assert [g[(0, 0)] for g in merge_gears([a, b], "product", {(0, 0): "s0", (1, 1): "s0"})] == [4, 8]
+
+
+class Rowwise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2, x.shape[0] * 3
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["counted", "strict"])
+def test_fit_splits_sizes_beyond_the_largest_gear_and_counts_them(strict):
+    model = Rowwise().eval()
+    config = rewrite.CompilerConfig(strict=strict, **{"inference_config.gear_fallback": "fit"})
+    fn, _ = _compile(model, config)
+    x = torch.randn(8, 8)
+    set_dim_gears(x, {0: [1, 2, 8]})
+    with torch.no_grad():
+        out, n = fn(x)
+        torch.testing.assert_close(out, model(x)[0])
+        big = torch.randn(11, 8)  # no gear holds 11 rows: 8 + 2 + 1
+        if strict:
+            with pytest.raises(rewrite.SlowPathError, match=r"split into several gears' runs: input x dim 0 = 11 ran "
+                                                             r"as gears 8 \+ 2 \+ 1"):
+                fn(big)
+            return
+        out, n = fn(big)
+    torch.testing.assert_close(out, model(big)[0])
+    assert n == 33
+    stats = rewrite.stats(fn)
+    assert stats.splits == 1 and stats.pads == 0 and stats.padded_rows == 0, stats
+
+
+def test_fit_chooses_between_padding_and_splitting_by_the_measured_latency():
+    from rewrite.gears.fit import plan_fit
+
+    # 9 rows with gears [1, 8, 16]: one call of 8 and one of 1 beats 16 when calls cost little...
+    assert plan_fit(9, [1, 8, 16], {1: 1.0, 8: 8.0, 16: 16.0}).parts == ((8, 8), (1, 1))
+    # ...and padding to 16 wins when each call costs a lot more than its rows
+    assert plan_fit(9, [1, 8, 16], {1: 10.0, 8: 12.0, 16: 14.0}).parts == ((9, 16),)
+    # 37 with [1, 4, 8, 32]: 32 + 4 + 1 or 32 + 8 (3 padded), by price
+    assert plan_fit(37, [1, 4, 8, 32], {1: 1.0, 4: 4.0, 8: 8.0, 32: 32.0}).parts == ((32, 32), (4, 4), (1, 1))
+    assert plan_fit(37, [1, 4, 8, 32], {1: 3.0, 4: 5.0, 8: 6.0, 32: 20.0}).parts == ((32, 32), (5, 8))

@@ -9,8 +9,8 @@ through ``mask[batch_arange[:, None, None, None], kv_arange]`` (transformers' ma
 (``batch_arange`` is ``arange`` of the batch). gpt2 ties the batch of input_ids and attention_mask into one
 symbol, so its sizes between gears pad. bert does not (its mask is only indexed, never broadcast against the
 ids): the two inputs' batch dims are two symbols, and padding the mask's symbol alone is not provable (its rows are
-read by the row numbers of the other symbol), so bert's padding cases run on ``input_ids`` alone (its mask is
-optional) and `test_the_encoder_pads_with_its_attention_mask` marks the gap (xfail, strict).
+read by the row numbers of the other symbol): the two are one gear axis (equal in every gear), proven row-wise
+together (`rewrite.gears.padding.plan_padding`) and padded together (`test_the_encoder_pads_with_its_attention_mask`).
 """
 from __future__ import annotations
 
@@ -168,14 +168,32 @@ def test_decoder_traffic_is_recorded_on_every_batch_input_planned_and_served_as_
     assert (stats.dynamic_fallbacks, stats.pads, stats.padded_rows, stats.recompiles) == (0, 4, 5, 0), stats
 
 
-@pytest.mark.xfail(raises=GearError, strict=True, reason=(
-    "padding refused: bert's input_ids and attention_mask batch dims are two symbols (the mask is only indexed, "
-    "by arange of the ids' batch), and padding the mask's symbol alone is not provable; the proof would have to "
-    "pad the two symbols as one"))
 def test_the_encoder_pads_with_its_attention_mask(bert):
+    """bert's two batch symbols (ids, mask) are one gear axis: proven row-wise together and padded together."""
     served, _ = compile_with(bert, **{"inference_config.gear_fallback": "pad"})
     check(served, bert, gears_on(ENCODER.inputs(4, 0), [4]))
     check(served, bert, ENCODER.inputs(3, 1))
+    stats = rewrite.stats(served)
+    assert (stats.pads, stats.padded_rows) == (1, 1), stats  # one row of the one batch axis, not one per input
+
+
+def test_the_encoder_gets_batch_by_sequence_gears_and_splits_what_no_gear_holds(bert):
+    """set_dim_gears on input_ids and attention_mask, batch x sequence by "product": |B| x |L| gears (not their
+    square); gear_fallback="fit" pads or splits the batch, with outputs equal to eager at every real row."""
+    served, backend = compile_with(bert, **{"inference_config.dynamic_gears_merge_policy": "product",
+                                           "inference_config.gear_fallback": "fit"})
+    first = ENCODER.inputs(4, 0)
+    for t in first.values():
+        rewrite.inference.set_dim_gears(t, {0: [1, 2, 4], 1: [4, 8]})
+    check(served, bert, first)
+    keys = compiled_gears(backend)
+    assert len(keys) == 6 and {(b, s) for b, s, _ in keys} == {(b, s) for b in (1, 2, 4) for s in (4, 8)}, keys
+    short = {k: v[:, :4] for k, v in ENCODER.inputs(2, 1).items()}
+    check(served, bert, short)  # a gear (2, 4)
+    check(served, bert, ENCODER.inputs(3, 2))  # between gears: padded to 4 or split 2 + 1
+    check(served, bert, ENCODER.inputs(7, 3))  # beyond the largest gear: only a split serves it (4 + 2 + 1)
+    stats = rewrite.stats(served)
+    assert stats.splits >= 1 and stats.pads + stats.splits == 2 and stats.dynamic_fallbacks == 0, stats
 
 
 # -- 2. declared shapes --------------------------------------------------------------------------------------
@@ -222,8 +240,9 @@ def test_a_shape_var_on_the_encoder_gets_gears_pads_between_them_and_refuses_a_s
     stats = rewrite.stats(compiled)
     assert stats.gears == {(4,): 1, (1,): 1, (2,): 1, (8,): 1}, stats
     assert (stats.pads, stats.padded_rows, stats.dynamic_fallbacks, stats.recompiles) == (2, 1 + 3, 0, 0), stats
-    with pytest.raises(Exception, match=r"1 <= kwargs\['input_ids'\]\.size\(\)\[0\] <= 8"), torch.no_grad():
-        compiled(**ids(9, 9))  # Dynamo's own guard of the declared range refuses it
+    with pytest.raises(rewrite.gears.OutsideDeclaredRange, match=r"input_ids dim 0 has size 9, outside the range "
+                                                                  r"ShapeVar 'B' declares \[1, 8\]"), torch.no_grad():
+        compiled(**ids(9, 9))  # refused naming the ShapeVar (Dynamo's own guard would fail on its new trace)
 
 
 # -- 3. the memory bound -------------------------------------------------------------------------------------

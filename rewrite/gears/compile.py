@@ -47,7 +47,8 @@ def bind_gears(graph: Graph, spec: GearSpec) -> tuple[list[GearSymbol], list[tup
             size = sympy.sympify(shape[dim])
             if not isinstance(size, sympy.Symbol):
                 raise GearError(f"gears of {inp.name} dim {dim}: the traced graph has size {size} there, not a size "
-                                f"symbol (Dynamo specialized it); gears need the dimension dynamic")
+                                f"symbol (Dynamo specialized it); gears need the dimension dynamic"
+                                + _same_size_hint(graph, spec, size))
             if size not in by_symbol:
                 info = graph.symbols.get(size)
                 scalar = info.scalar_input_index if info is not None else None
@@ -77,6 +78,19 @@ def bind_gears(graph: Graph, spec: GearSpec) -> tuple[list[GearSymbol], list[tup
         raise GearError("no gear is consistent with the traced graph: every combination gives one size symbol two "
                         "different values; with the 'product' policy, give tied inputs the same gears")
     return symbols, gears
+
+
+def _same_size_hint(graph: Graph, spec: GearSpec, size) -> str:
+    """Where a geared dim was specialized because the model ties it to an input of that size that has no gears (a
+    model's input_ids and attention_mask over the sequence): name those inputs, since giving them the same gears
+    is the fix."""
+    geared = {inp.index for inp in spec.inputs}
+    found = [f"input {p.name} dim {d}" for i, p in enumerate(graph.placeholders) if i not in geared
+             and isinstance(p.meta, TensorMeta) for d, x in enumerate(p.meta.shape) if sympy.sympify(x) == size]
+    if not found:
+        return ""
+    return (f"; an input without gears has that size ({', '.join(found[:4])}) and the model ties the two together: "
+            "give it the same gears with set_dim_gears (one gear axis, whichever inputs carry it)")
 
 
 def trace_conflicts(graph: Graph, gears: list[dict]) -> list[str | None]:
@@ -320,13 +334,13 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
     if fallback == "dynamic":
         with report.stage("codegen"):
             dynamic_fn = build_static(graph)
-    elif fallback == "pad":
+    elif fallback in ("pad", "fit"):
         from .padding import plan_padding
 
-        padder, refusal = plan_padding(graph, symbols)
+        padder, refusal = plan_padding(graph, symbols, list(table))
         if refusal and gear_spec.declared:  # sizes between the gears of a declared range still run: dynamically
-            log.info("gears: graph %d: sizes between the declared gears run the dynamic graph: %s", number, refusal)
-            fallback, padder = "dynamic", None
+            log.info("gears: graph %d: sizes between the declared gears that cannot be padded run the dynamic graph: "
+                     "%s", number, refusal)
             with report.stage("codegen"):
                 dynamic_fn = build_static(graph)
         elif refusal:

@@ -31,7 +31,7 @@ import torch
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["Declared", "declared_dims", "ladder", "LADDER_GEARS"]
+__all__ = ["Declared", "declared_dims", "declared_gears_for", "ladder", "LADDER_GEARS"]
 
 LADDER_GEARS = 10  # gears per declared dim at most, one dim declared (TorchAir: more than ~10 gears degrade)
 
@@ -44,6 +44,7 @@ class Declared:
     lower: int
     upper: int | None
     hint: int | None = None
+    var: str | None = None  # the ShapeVar's name, when a ShapeVar declared it
 
     def contains(self, size: int) -> bool:
         return size >= self.lower and (self.upper is None or size <= self.upper)
@@ -69,6 +70,20 @@ def ladder(declared: Declared, most: int = LADDER_GEARS) -> list[int]:
     return sorted(keep | set(powers))
 
 
+def declared_gears_for(chosen, ranges: list, labels: list):
+    """(sizes, key) the config's ``declared_gears`` gives one gear axis: the axis declared by ``ranges``, whose dims
+    are ``labels`` ('input_ids:1'). A list serves every axis (key None); a dict is read by the axis's ShapeVar name,
+    else by any of its dims' labels. (None, None): nothing given for it, so the default ladder."""
+    if not chosen:
+        return None, None
+    if not isinstance(chosen, dict):
+        return list(chosen), None
+    for key in [r.var for r in ranges if r.var is not None] + list(labels):
+        if key in chosen:
+            return list(chosen[key]), key
+    return None, None
+
+
 def declared_dims(gm, example_inputs) -> dict:
     """{(input index, dim): Declared} for the Dynamo graph ``gm``'s inputs: ``mark_dynamic`` ranges read off the
     example tensors, ``shapes_spec`` ShapeVars looked up by each input's Dynamo source."""
@@ -86,7 +101,7 @@ def declared_dims(gm, example_inputs) -> dict:
             for d, var in enumerate(_tensor_spec(placeholders[i], spec)):
                 if _is_shape_var(var):
                     out[(i, d)] = Declared(f"ShapeVar {var.name!r}", var.min if var.min is not None else 1, var.max,
-                                           var.optimization_hint)
+                                           var.optimization_hint, var.name)
     return out
 
 

@@ -17,7 +17,7 @@ from . import traffic as _recording
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["GearSymbol", "GearDispatcher", "not_a_gear"]
+__all__ = ["GearSymbol", "GearDispatcher", "not_a_gear", "tied_positions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,15 @@ class GearDispatcher:
         self.padder = padder  # gears.padding.Padder, when padding was proven safe
         self.pad_refusal = pad_refusal  # why padding is not allowed, for the error
         self._readers = [s.reader() for s in symbols]
-        self._misses: dict = {}  # key -> (slow path, callable that serves it, padded elements): padded runs
+        self._axes = tied_positions(list(table), len(symbols))
+        self._misses: dict = {}  # key -> (slow path, callable that serves it, padded elements, message): misses
+        # gear_fallback="fit": each gear's measured latency decides between padding and splitting (gears.fit)
+        self.latency = None
+        if fallback == "fit":
+            from .fit import GearLatency
+
+            self.latency = GearLatency()
+            self._decided = (0, 0)  # (latency version, misses) when the cached decisions were made
         self.ledger = ledger  # rewrite.ledger.Ledger: calls per gear, and every call no gear serves
         self._first_call = True
         # what `rewrite.gears.recording` counts each call's key under: the function and each symbol's dim
@@ -78,40 +86,102 @@ class GearDispatcher:
             return self._serve_miss(key, args)
         if self.ledger is not None:
             self.ledger.served(key)
+        if self.latency is not None:
+            return self.latency.timed(key, fn, args)
         return fn(*args)
 
     def _serve_miss(self, key: tuple, args):
         """A call whose sizes are no gear: the fallback serves it, and the ledger counts it (strict: raises)."""
-        kind, fn, padded = self._misses.get(key) or self._miss(key)
+        if self.latency is not None:
+            self._forget_stale_decisions()
+        kind, fn, padded, message = self._misses.get(key) or self._miss(key)
         if self.ledger is not None:
-            if kind == "pads":
-                self.ledger.slow("pads", f"{self._describe(key)} was padded by {padded} elements to a gear",
-                                 "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)",
-                                 padded_rows=padded)
-            else:
-                self.ledger.slow("dynamic_fallbacks", f"{self._describe(key)} is no gear; the symbolic graph ran",
-                                 "add a gear for this size, or gear_fallback='pad' to run the nearest larger gear")
+            fixes = {"pads": "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)",
+                     "splits": "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)",
+                     "dynamic_fallbacks": "add a gear for this size, or gear_fallback='pad' to run the nearest "
+                                          "larger gear"}
+            self.ledger.slow(kind, message, fixes[kind], padded_rows=padded)
         return fn(*args)
+
+    def _forget_stale_decisions(self) -> None:
+        """Fit's decisions are made again once a gear has its first measurement, and every few hundred misses."""
+        from .fit import REDECIDE_EVERY
+
+        version, misses = self._decided
+        if self.latency.version != version or misses >= REDECIDE_EVERY:
+            self._misses.clear()
+            self._decided = (self.latency.version, 0)
+        else:
+            self._decided = (version, misses + 1)
 
     def _miss(self, key: tuple) -> tuple:
         from .spec import GearError
 
         if self.fallback == "dynamic" and self.dynamic_fn is not None:
-            return "dynamic_fallbacks", self.dynamic_fn, 0
-        if self.fallback == "pad":
+            entry = self._misses[key] = ("dynamic_fallbacks", self.dynamic_fn, 0,
+                                         f"{self._describe(key)} is no gear; the symbolic graph ran")
+            return entry
+        if self.fallback == "fit" and self.padder is not None:
+            entry = self._fit(key)
+            if entry is not None:
+                self._misses[key] = entry
+                return entry
+        if self.fallback in ("pad", "fit"):
+            why = f"and padding is not possible: {self.pad_refusal}"
             if self.padder is not None:
                 target = self._smallest_larger(key)
+                why = "and no gear is larger in every padded dimension"
                 if target is not None:
                     log.info("gears: shape %s is not a gear; padding up to gear %s", self._describe(key), target)
                     try:
                         fn = self.padder.make(key, target, self.table[target])
+                        padded = self._elements(target) - self._elements(key)
+                        entry = self._misses[key] = ("pads", fn, padded, f"{self._describe(key)} was padded by "
+                                                     f"{padded} elements to a gear")
+                        return entry
                     except GearError as e:  # known only now, with the sizes: say it as every refusal does
-                        raise self._error(key, f"and padding is not possible: {e}") from None
-                    entry = self._misses[key] = ("pads", fn, math.prod(target) - math.prod(key))
-                    return entry
-                raise self._error(key, "and no gear is larger in every padded dimension")
-            raise self._error(key, f"and padding is not possible: {self.pad_refusal}")
+                        why = f"and padding is not possible: {e}"
+            if self.dynamic_fn is not None:  # a declared range: every size in it runs, dynamically where not padded
+                entry = self._misses[key] = ("dynamic_fallbacks", self.dynamic_fn, 0,
+                                             f"{self._describe(key)} is no gear; the symbolic graph ran")
+                return entry
+            raise self._error(key, why)
         raise self._error(key, "")
+
+    def _fit(self, key: tuple):
+        """The cheapest of padding to one gear and splitting along one gear axis, by the gears' measured latency
+        (`rewrite.gears.fit`); None when neither is possible."""
+        from .fit import Splitter, plan_fit, predicted_seconds
+        from .spec import GearError
+
+        seconds = predicted_seconds(list(self.table), self.latency.measured(), self._elements)
+        best = None  # (predicted seconds, axis, FitPlan)
+        for axis in self._axes:
+            if not all(self.padder.can_pad(p) for p in axis):
+                continue
+            same_elsewhere = [g for g in self.table if all(g[p] == key[p] for p in range(len(key)) if p not in axis)]
+            sizes = {g[axis[0]]: seconds[g] for g in same_elsewhere}
+            plan = plan_fit(key[axis[0]], list(sizes), sizes)
+            if plan is not None and (best is None or plan.seconds < best[0]):
+                best = (plan.seconds, axis, plan)
+        target = self._smallest_larger(key)
+        if best is None or not best[2].split or (target is not None and seconds[target] <= best[0]):
+            return None  # padding to one gear (the "pad" path) is as cheap, or the only way
+        _, axis, plan = best
+        try:
+            fn = Splitter(self.padder, axis, key, plan.parts, self.table)
+        except GearError as e:
+            log.info("gears: %s cannot be split: %s", self._describe(key), e)
+            return None
+        padded = sum(g - rows for rows, g in plan.parts) * (self._elements(key) // max(key[axis[0]], 1))
+        ran = " + ".join(str(g) if rows == g else f"{g} ({g - rows} padded)" for rows, g in plan.parts)
+        log.info("gears: shape %s is not a gear; split into gears %s", self._describe(key), ran)
+        return ("splits", fn, padded, f"{self._describe(key)} ran as gears {ran} of {self.symbols[axis[0]].label}")
+
+    def _elements(self, key: tuple) -> int:
+        """The elements a call of ``key`` runs: the product of its gear axes' sizes (one gear axis the trace kept as
+        several symbols, a model's input_ids and attention_mask batch, counted once)."""
+        return math.prod(key[group[0]] for group in self._axes)
 
     def _smallest_larger(self, key: tuple):
         """The gear with the fewest elements that is >= key everywhere (equal where padding is not allowed)."""
@@ -131,6 +201,20 @@ class GearDispatcher:
 
     def _error(self, key: tuple, why: str) -> "GearError":
         return not_a_gear(self.symbols, list(self.table), key, self.fallback, why)
+
+
+def tied_positions(gears: list, n: int) -> list[list[int]]:
+    """Groups of dispatch-key positions whose symbols take one value in every gear: one gear axis that the trace
+    kept as several symbols (bert's input_ids and attention_mask batch). Each position is in one group."""
+    groups: list = []
+    for p in range(n):
+        for g in groups:
+            if all(key[g[0]] == key[p] for key in gears):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return groups
 
 
 def _describe(symbols: list[GearSymbol], key: tuple) -> str:

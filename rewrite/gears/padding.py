@@ -29,6 +29,7 @@ import torch
 
 from .. import ops
 from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas, map_nodes
+from .dispatch import tied_positions
 
 aten = torch.ops.aten
 
@@ -353,6 +354,21 @@ def _index_select(node, states, s):
     return x
 
 
+def _gather(node, states, s):
+    """``gather(x, dim, index)``: output element ``[..., i, ...]`` reads ``x`` at the index's value along ``dim`` and at
+    its own coordinates elsewhere. Rows stay apart when ``x`` has none (a lookup: a token-type table read at the
+    position ids), or when ``x`` and the index have their rows on one dim other than ``dim``."""
+    x, index = states[0], states[2]
+    _check_no_sym(node, _tensor_states(node, states))
+    dim = _norm(_bound(node)["dim"], len(node.args[0].meta.shape))
+    if not isinstance(x, Row):
+        return Row(index.dim, index.k) if isinstance(index, Row) else INDEP
+    if x.dim != dim and x.k == 1 and (index == Row(x.dim) or
+                                     (index is INDEP and _row_of_shape(_shape(node.meta), s) == Row(x.dim))):
+        return Row(x.dim)
+    raise NotRowwise(f"node %{node.name} ({node.op}) gathers across the rows of {s}")
+
+
 def _cat(node, states, s):
     tensors = [n for n in node.args[0]]
     rows = [st for n, st in zip(tensors, states[0]) if not _empty_1d(n)]
@@ -477,6 +493,7 @@ _TRANSFER = ops.family_table(
     ({aten.bmm.default}, _bmm),
     ({aten.embedding.default}, _embedding),
     ({aten.index_select.default}, _index_select),
+    ({aten.gather.default}, _gather),
     ({aten.index.Tensor}, _index),
     ({aten.cat.default}, _cat),
     ({operator.getitem}, _getitem),
@@ -575,27 +592,38 @@ class _SymbolPlan:
 class Padder:
     """Pads inputs up to a gear and slices outputs back, for the symbols proven row-independent."""
 
-    def __init__(self, graph: Graph, symbols: list, plans: dict, output_states: list, output_metas: list):
+    def __init__(self, graph: Graph, symbols: list, plans: dict, output_states: list, output_metas: list,
+                 together: list | None = None):
         self.symbols = symbols  # GearSymbol list (dispatch key order)
-        self.plans = plans  # key position -> _SymbolPlan (only paddable symbols)
+        self.plans = plans  # key position -> _SymbolPlan (only paddable symbols; one plan for an axis proven together)
         self.output_states = output_states  # per output: {key position: Row or INDEP}
         self.output_metas = output_metas
+        # key positions proven only together (one gear axis the trace kept as two symbols): padded only when equal
+        self.together = [g for g in (together or []) if len(g) > 1]
 
     def can_pad(self, position: int) -> bool:
         return position in self.plans
 
     def make(self, key: tuple, target: tuple, fn):
+        from .spec import GearError
+
+        for group in self.together:
+            if len({key[p] for p in group}) > 1 and any(key[p] != target[p] for p in group):
+                names = ", ".join(f"{self.symbols[p].label} = {key[p]}" for p in group)
+                raise GearError(f"{names} are one gear axis, proven paddable only when the sizes are equal")
         pads = []  # (input index, dim, amount)
         scalars = {}
+        seen_plans = set()
         for pos, (have, want) in enumerate(zip(key, target)):
-            if have == want:
+            if have == want or id(self.plans[pos]) in seen_plans:
                 continue
             plan = self.plans[pos]
+            seen_plans.add(id(plan))
             pads.extend((i, d, want - have) for i, d in plan.inputs)
             scalars.update({i: want for i in plan.scalars})
         real = {s.symbol: v for s, v in zip(self.symbols, key)}
         padded = {s.symbol for s, have, want in zip(self.symbols, key, target) if have != want}
-        slices, fixed = [], {}
+        slices, fixed = {}, {}
         for j, (states, meta) in enumerate(zip(self.output_states, self.output_metas)):
             if isinstance(meta, SymMeta):
                 fixed[j] = int(sympy.sympify(meta.expr).subs(real)) if meta.pytype is int else meta.pytype(
@@ -605,12 +633,11 @@ class Padder:
                 if isinstance(st, Row) and key[pos] != target[pos]:
                     k = sympy.sympify(st.k)
                     if k.free_symbols & padded or k.subs(real).free_symbols:
-                        from .spec import GearError
-
                         raise GearError(f"cannot pad to gear {target}: output {j} has rows in blocks of {k}, "
                                         f"a size that is padded too or is no gear")
                     k = k.subs(real)
-                    slices.append((j, st.dim, int(k) * key[pos]))
+                    slices[(j, st.dim)] = int(k) * key[pos]
+        slices = [(j, d, n) for (j, d), n in slices.items()]
 
         def run_padded(*args):
             args = list(args)
@@ -630,32 +657,67 @@ class Padder:
         return run_padded
 
 
-def plan_padding(graph: Graph, symbols: list):
-    """A Padder for the gear symbols that may be padded, and why the others may not (None if all may)."""
+def _outputs(graph: Graph) -> list:
     outputs = graph.outputs
-    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-    plans, refusals = {}, []
+    return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+
+
+def _prove(graph: Graph, s):
+    """(plan, each output's state) when ``graph`` keeps the rows of ``s`` independent; raises NotRowwise."""
+    env = row_states(graph, s)
+    states = []
+    outputs = _outputs(graph)
+    for j, out in enumerate(outputs):
+        st = env[out.id] if isinstance(out, Node) else INDEP
+        if isinstance(out, Node) and isinstance(out.meta, TensorMeta) and not isinstance(st, Row) and st is not INDEP:
+            raise NotRowwise(f"output {j} (%{out.name}) is not row-wise in {s}")
+        states.append(st)
+    placeholders = graph.placeholders
+    plan = _SymbolPlan(inputs=[(i, env[p.id].dim) for i, p in enumerate(placeholders)
+                               if isinstance(p.meta, TensorMeta) and isinstance(env[p.id], Row)],
+                       scalars=[i for i, p in enumerate(placeholders) if env[p.id] is SYM])
+    return plan, states
+
+
+def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
+    """A Padder for the gear symbols that may be padded, and why the others may not (None if all may).
+
+    Each symbol is proven alone first. Symbols that are one gear axis (equal in every gear of ``gears``) and that
+    fail alone are proven together: the graph with them as one symbol (`rename_symbols`); such a padder pads
+    them together, and only calls where they are equal."""
+    from ..shape import rename_symbols
+
+    outputs = _outputs(graph)
+    plans, refusals = {}, {}
     output_states = [dict() for _ in outputs]
     for pos, gs in enumerate(symbols):
-        s = gs.symbol
         try:
-            env = row_states(graph, s)
-            for j, out in enumerate(outputs):
-                st = env[out.id] if isinstance(out, Node) else INDEP
-                if isinstance(out, Node) and isinstance(out.meta, TensorMeta) and not isinstance(st, Row) \
-                        and st is not INDEP:
-                    raise NotRowwise(f"output {j} (%{out.name}) is not row-wise in {s}")
-                output_states[j][pos] = st
+            plan, states = _prove(graph, gs.symbol)
         except NotRowwise as e:
-            refusals.append(f"{gs.label} ({s}): {e}")
+            refusals[pos] = f"{gs.label} ({gs.symbol}): {e}"
             continue
-        placeholders = graph.placeholders
-        plans[pos] = _SymbolPlan(
-            inputs=[(i, env[p.id].dim) for i, p in enumerate(placeholders)
-                    if isinstance(p.meta, TensorMeta) and isinstance(env[p.id], Row)],
-            scalars=[i for i, p in enumerate(placeholders) if env[p.id] is SYM])
-    refusal = "; ".join(refusals) if refusals else None
+        plans[pos] = plan
+        for j, st in enumerate(states):
+            output_states[j][pos] = st
+    together = []
+    for group in tied_positions(gears or [], len(symbols)) if gears else []:
+        if len(group) < 2 or not any(p in refusals for p in group):
+            continue
+        s = symbols[group[0]].symbol
+        merged = rename_symbols(graph, {symbols[p].symbol: s for p in group[1:]})
+        try:
+            plan, states = _prove(merged, s)
+        except NotRowwise as e:
+            refusals[group[0]] += f" (with {', '.join(symbols[p].label for p in group[1:])} as one size: {e})"
+            continue
+        for p in group:
+            plans[p] = plan
+            refusals.pop(p, None)
+            for j, st in enumerate(states):
+                output_states[j][p] = st
+        together.append(group)
+    refusal = "; ".join(refusals.values()) if refusals else None
     if not plans:
         return None, refusal
     metas = [o.meta if isinstance(o, Node) else None for o in outputs]
-    return Padder(graph, symbols, plans, output_states, metas), refusal
+    return Padder(graph, symbols, plans, output_states, metas, together), refusal

@@ -25,12 +25,12 @@ import weakref
 
 import torch
 
-from ..fx_bridge import dynamo_input_names
+from ..fx_bridge import argument_path, dynamo_input_names
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["GearError", "set_dim_gears", "get_dim_gears", "collect_gear_specs", "GearSpec", "InputGears",
-           "MAX_GEARS", "size_oblivious", "restore_size_oblivious", "retrace_at_own_sizes"]
+__all__ = ["GearError", "OutsideDeclaredRange", "set_dim_gears", "get_dim_gears", "collect_gear_specs", "GearSpec", "InputGears",
+           "MAX_GEARS", "gear_axes", "size_oblivious", "restore_size_oblivious", "retrace_at_own_sizes"]
 
 MAX_GEARS = 100
 MAX_GEAR_SIZE = 2**63 - 1  # torch sizes are int64
@@ -44,6 +44,25 @@ class GearError(ValueError, AssertionError):
 
     Also an AssertionError, because TorchAir raises AssertionError for the same mistakes and
     ported scripts catch that."""
+
+
+# Dynamo passes a backend's exception of this class to the caller as it is (torch 2.11-2.14: `ShortenTraceback`);
+# any other it wraps in BackendCompilerFailed, which `except GearError` would miss.
+_PASSED_THROUGH = getattr(torch._dynamo.exc, "ShortenTraceback", None)
+
+
+class OutsideDeclaredRange(GearError, *((_PASSED_THROUGH,) if _PASSED_THROUGH is not None else ())):
+    """A call whose size lies outside the range a ``shapes_spec`` ShapeVar declares for it.
+
+    Dynamo traces such a call again with the ShapeVar's range as a guard, which the call itself fails (torch
+    2.13: "AssertionError: Guard failed on the same frame it was created", with any backend); rewrite refuses
+    the trace first, naming the ShapeVar, its range and the size."""
+
+    def __init__(self, message: str):
+        if _PASSED_THROUGH is not None:
+            _PASSED_THROUGH.__init__(self, message, first_useful_frame=None)
+        else:
+            GearError.__init__(self, message)
 
 
 def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
@@ -253,12 +272,17 @@ class GearSpec:
         return next(i for i in self.inputs if i.index == index)
 
 
-def merge_gears(inputs: list[InputGears], policy: str) -> list[dict]:
-    """Combine the tensors' gear lists with ``policy``; at most MAX_GEARS gears."""
+def merge_gears(inputs: list[InputGears], policy: str, symbols: dict | None = None) -> list[dict]:
+    """Combine the tensors' gear lists with ``policy``; at most MAX_GEARS gears.
+
+    Under "product" the unit of combination is a gear *axis*, not a dim: dims that are one size are one axis
+    (`gear_axes`), so a model's ``input_ids`` and ``attention_mask`` declared alike over batch and sequence make
+    |batch| x |sequence| gears, not their square. ``symbols`` ({(input index, dim): size symbol}) says which
+    dims the trace made one size; without it, only the declarations say so."""
     if policy not in ("zip", "product"):
         raise GearError(f"dynamic_gears_merge_policy = {policy!r} is not allowed; choose 'zip' or 'product'")
-    per_input = [[{(i.index, d): v for d, v in combo.items()} for combo in i.combos(policy)] for i in inputs]
     if policy == "zip":
+        per_input = [[{(i.index, d): v for d, v in combo.items()} for combo in i.combos(policy)] for i in inputs]
         counts = {i.name: len(c) for i, c in zip(inputs, per_input)}
         if len(set(counts.values())) > 1:
             raise GearError(f"with dynamic_gears_merge_policy='zip' every input must have the same number of gears, "
@@ -266,15 +290,58 @@ def merge_gears(inputs: list[InputGears], policy: str) -> list[dict]:
         gears = _distinct(_merged(row) for row in zip(*per_input))
         total = len(gears)
     else:
-        per_input = [_distinct(c) for c in per_input]  # distinct parts give distinct products
-        total = 1
-        for c in per_input:
-            total *= len(c)
-        gears = [_merged(row) for row in itertools.product(*per_input)] if total <= MAX_GEARS else []
+        axes = gear_axes(inputs, symbols)
+        total = math.prod(len(values) for _, values in axes)
+        gears = [_merged([{k: v for k in keys} for (keys, _), v in zip(axes, row)])
+                 for row in itertools.product(*(values for _, values in axes))] if total <= MAX_GEARS else []
     if total > MAX_GEARS:
         raise GearError(f"{total} gears declared ({policy} of {', '.join(i.name for i in inputs)}, repeats counted "
                         f"once); at most {MAX_GEARS} gears are allowed")
     return gears
+
+
+def gear_axes(inputs: list[InputGears], symbols: dict | None = None) -> list[tuple[list, list]]:
+    """The gear axes of the declared dims, each ``([(input index, dim), ...], [sizes...])``, in declaration order.
+
+    Two dims are one axis, one size in every gear, when the trace made them one size symbol (``symbols``), or when
+    they are the same dim of two inputs declared with the same gears and of the same size in the call being
+    compiled: a model's ``input_ids`` and ``attention_mask`` (bert reads its mask only by index, so the trace keeps
+    their batch sizes apart; a call always has them equal). Dims of one input are never merged by their
+    declarations alone. An axis whose dims were declared with different gears takes the sizes they share."""
+    symbols = symbols or {}
+    keys = [(i.index, d) for i in inputs for d in sorted(i.dims)]
+    info = {(i.index, d): (i, d) for i in inputs for d in i.dims}
+    parent = {k: k for k in keys}
+
+    def root(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for a, b in itertools.combinations(keys, 2):
+        (ia, da), (ib, db) = info[a], info[b]
+        same_symbol = symbols.get(a) is not None and symbols.get(a) == symbols.get(b)
+        declared_alike = (ia.index != ib.index and da == db and ia.dims[da] == ib.dims[db]
+                          and da < len(ia.shape) and db < len(ib.shape) and ia.shape[da] == ib.shape[db])
+        if same_symbol or declared_alike:
+            parent[root(b)] = root(a)
+    axes: dict = {}
+    for k in keys:
+        axes.setdefault(root(k), []).append(k)
+    out = []
+    for members in axes.values():
+        values = list(dict.fromkeys(info[members[0]][0].dims[info[members[0]][1]]))
+        for k in members[1:]:
+            i, d = info[k]
+            values = [v for v in values if v in i.dims[d]]
+        if not values:
+            where = ", ".join(f"{info[k][0].name} dim {info[k][1]}" for k in members)
+            raise GearError(f"{where} are one size in the traced graph but were given gears with no size in common "
+                            f"({', '.join(str(list(info[k][0].dims[info[k][1]])) for k in members)}); give them the "
+                            "same gears")
+        out.append((members, values))
+    return out
 
 
 def _merged(parts) -> dict:
@@ -300,22 +367,41 @@ def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
     user declared (`mark_dynamic(min=, max=)`, ``shapes_spec``: `rewrite.gears.declared`); None when there are none."""
     _note_marks_read(example_inputs)
     names = dynamo_input_names(gm, len(example_inputs))
+    _refuse_sizes_outside_shape_vars(example_inputs, gm, names)
     inputs = [InputGears(i, names[i], get_dim_gears(x), tuple(x.shape))
               for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
     if not inputs:
         return _declared_gear_spec(example_inputs, config, gm, names)
     policy = config.inference_config.dynamic_gears_merge_policy
     example = {(i.index, d): i.shape[d] for i in inputs for d in i.dims}
-    return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy)), policy, example)
+    symbols = {(i.index, d): _size_symbol(gm, example_inputs, i.index, d) for i in inputs for d in i.dims}
+    return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy, symbols)), policy, example)
+
+
+def _refuse_sizes_outside_shape_vars(example_inputs, gm, names) -> None:
+    """Raise `OutsideDeclaredRange` when the call being traced has a size outside its ShapeVar's range."""
+    from .declared import declared_dims
+
+    if getattr(torch._dynamo.config, "_shapes_spec", None) is None:
+        return
+    for (i, d), declared in sorted(declared_dims(gm, example_inputs).items()):
+        size = example_inputs[i].shape[d]
+        if declared.var is not None and isinstance(size, int) and not declared.contains(size):
+            raise OutsideDeclaredRange(
+                f"input {argument_path(names[i])} dim {d} has size {size}, outside the range {declared.describe()} "
+                f"(shapes_spec); call with a size in [{declared.lower}, "
+                f"{'oo' if declared.upper is None else declared.upper}] or widen the ShapeVar's range")
 
 
 def _declared_gear_spec(example_inputs, config, gm, names) -> GearSpec | None:
-    """Gears for the declared dims. Dims Dynamo traced with one size symbol (a model's input_ids and
-    attention_mask batch, when the model broadcasts one against the other) are one group: one size in every gear.
-    Groups combine by ``dynamic_gears_merge_policy``: with "zip" (the default) groups declared with the same range
-    (the batch dims of several inputs, each its own symbol) take their ladder's i-th size together; other groups
-    (batch and sequence), or any with "product", take every combination of their gears."""
-    from .declared import LADDER_GEARS, declared_dims, ladder
+    """Gears for the declared dims, one gear axis per size. Dims Dynamo traced with one size symbol (a model's
+    input_ids and attention_mask batch, when the model broadcasts one against the other) are one group: one size in
+    every gear. With ``dynamic_gears_merge_policy`` "zip" (the default), groups declared with the same range (the
+    batch dims of several inputs, each its own symbol; or the dims of one ShapeVar) are one axis too: they take their
+    gears together. Axes combine as every combination of their gears (batch x sequence); under "product" every
+    group is an axis of its own. ``declared_gears`` gives one list for every dim, or a list per axis
+    (`declared_gears_for`)."""
+    from .declared import LADDER_GEARS, declared_dims, declared_gears_for, ladder
 
     declared = declared_dims(gm, example_inputs)
     if not declared:
@@ -324,37 +410,48 @@ def _declared_gear_spec(example_inputs, config, gm, names) -> GearSpec | None:
     for key in sorted(declared):
         groups.setdefault(_size_symbol(gm, example_inputs, *key) or key, []).append(key)
     chosen = config.inference_config.declared_gears
-    group_ranges = [_common_range([declared[k] for k in dims]) for dims in groups.values()]
-    zipped = (config.inference_config.dynamic_gears_merge_policy == "zip" and len(groups) > 1
-              and len({(d.lower, d.upper, d.hint) for d in group_ranges}) == 1)  # the same ladder for every group
-    per_group = LADDER_GEARS if zipped else max(2, int(LADDER_GEARS ** (1 / len(groups))))  # product: all compiled
+    zip_policy = config.inference_config.dynamic_gears_merge_policy == "zip"
+    axes: dict = {}  # the range's bounds (zip) or the group -> [(input index, dim), ...]
+    for group, dims in groups.items():
+        r = _common_range([declared[k] for k in dims])
+        axes.setdefault((r.lower, r.upper, r.hint) if zip_policy else group, []).extend(dims)
+    per_axis = max(2, int(LADDER_GEARS ** (1 / len(axes))))  # every combination is compiled: ~LADDER_GEARS in all
     by_input: dict = {}
-    per_group_gears = []
-    for dims, d in zip(groups.values(), group_ranges):
-        values = sorted({v for v in chosen if d.contains(v)}) if chosen else ladder(d, per_group)
+    per_axis_gears = []
+    used = set()
+    for dims in axes.values():
+        d = _common_range([declared[k] for k in dims])
+        labels = [f"{argument_path(names[i])}:{dim}" for i, dim in dims]
+        sizes, key = declared_gears_for(chosen, [declared[k] for k in dims], labels)
+        used.add(key)
+        values = sorted({v for v in sizes if d.contains(v)}) if sizes is not None else ladder(d, per_axis)
         where = ", ".join(f"input {names[i]} dim {dim}" for i, dim in dims)
         if not values:
             log.info("gears: %s: %s, which makes no gears%s; it stays dynamic", where, d.describe(),
-                     "" if chosen else " (no upper bound)")
+                     "" if sizes is not None else " (no upper bound)")
             continue
         for index, dim in dims:
             by_input.setdefault(index, ({}, {}))
             by_input[index][0][dim] = tuple(values)
             by_input[index][1][dim] = declared[(index, dim)]
-        per_group_gears.append([{k: v for k in dims} for v in values])
+        per_axis_gears.append([{k: v for k in dims} for v in values])
+    if isinstance(chosen, dict) and set(chosen) - used:
+        log.warning("gears: inference_config.declared_gears names %s, which no declared dim of this graph is "
+                    "(keys are ShapeVar names or 'argument:dim', e.g. 'input_ids:1')", sorted(set(chosen) - used))
     inputs = [InputGears(i, names[i], dims, tuple(example_inputs[i].shape), ranges)
               for i, (dims, ranges) in sorted(by_input.items())]
     if not inputs:
         return None
-    total = len(per_group_gears[0]) if zipped else math.prod(len(g) for g in per_group_gears)
+    total = math.prod(len(g) for g in per_axis_gears)
     if total > MAX_GEARS:
-        raise GearError(f"{total} gears from the declared shapes (every combination of independent dims' gears); at "
-                        f"most {MAX_GEARS} gears are allowed: set inference_config.declared_gears to fewer sizes")
+        raise GearError(f"{total} gears from the declared shapes (every combination of {len(per_axis_gears)} gear "
+                        f"axes' gears: {' x '.join(str(len(g)) for g in per_axis_gears)}); at most {MAX_GEARS} gears "
+                        "are allowed: give inference_config.declared_gears fewer sizes (a list per axis: "
+                        "{'batch': [...], 'input_ids:1': [...]})")
     log.info("gears: from declared shapes: %s", "; ".join(
         f"{i.name} dim {d}: {i.declared[d].describe()}, gears {list(v)}" for i in inputs for d, v in i.dims.items()))
-    rows = zip(*per_group_gears) if zipped else itertools.product(*per_group_gears)
-    return GearSpec(tuple(inputs), tuple(_merged(row) for row in rows), "zip" if zipped else "product", None,
-                    declared=True)
+    rows = itertools.product(*per_axis_gears)
+    return GearSpec(tuple(inputs), tuple(_merged(row) for row in rows), "product", None, declared=True)
 
 
 def _size_symbol(gm, example_inputs, index: int, dim: int) -> str | None:

@@ -9,13 +9,15 @@ Public API (other layers call these):
   (alternating with inference until nothing changes).
 * ``substitute(graph, {symbol_or_name: int}) -> Graph``: a copy with symbols replaced by values
   in every meta (a gear's static graph is ``fold_shape_computations(substitute(g, gear))``).
+* ``rename_symbols(graph, {symbol: symbol}) -> Graph``: a copy where sizes every call has equal are one symbol
+  (for the padding proof of a gear axis that the trace kept as two symbols).
 
 Unknown rank (a ``while_loop`` carry whose rank changes) is ``TensorMeta(dtype, shape=None)``; a
 size only the run knows is a fresh symbol registered in ``graph.symbols``.
 """
 from .context import ShapeContext, ShapeInferenceError
 from .control_flow import infer_cond, infer_while_loop
-from .fold import fold_shape_computations, known_value, substitute
+from .fold import fold_shape_computations, known_value, rename_symbols, substitute
 from .infer import ShapeMismatch, infer_graph, infer_meta, metas_agree
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "infer_graph",
     "fold_shape_computations",
     "substitute",
+    "rename_symbols",
     "known_value",
     "metas_agree",
     "infer_while_loop",

@@ -231,6 +231,15 @@ def _substitute_in_place(graph: Graph, mapping: dict) -> None:
         graph.symbols.pop(sym, None)
 
 
+def rename_symbols(graph: Graph, mapping: dict) -> Graph:
+    """A copy of ``graph`` in which some size symbols are others (``{symbol: symbol}``), in every meta: what the
+    graph is when the calls it serves always have those sizes equal (a model's input_ids and attention_mask
+    batch, traced as two symbols). For proofs that hold only then; the copy is not for running."""
+    g = graph.copy()
+    _substitute_in_place(g, mapping)
+    return g
+
+
 def substitute(graph: Graph, mapping: dict) -> Graph:
     """A copy of ``graph`` with size symbols replaced by values in every meta (subgraphs too).
 

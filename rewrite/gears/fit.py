@@ -1,0 +1,163 @@
+"""``gear_fallback="fit"``: serve a size that is no gear by padding it or by splitting it into gears' runs,
+whichever the gears' measured latency says is cheaper.
+
+A graph proven to keep the rows of a gear axis apart (`rewrite.gears.padding`) can run any number of rows as
+parts: 37 rows with gears [1, 4, 8, 32] run as 32 + 4 + 1, or as 32 + 8 with 3 rows padded, or padded to a
+larger gear if there is one. Each part runs a gear's static graph on a slice of the inputs along that axis
+(the last part padded when it is no gear), and the outputs' rows are joined in one buffer per output. Beyond
+the largest gear only splitting serves a call at all.
+
+The choice is made by the latency each gear was measured to take, on the calls it served (`GearLatency`:
+a moving average per gear, timed only when the fallback is "fit"); a gear not measured yet is priced from
+the measured ones by rows (a fixed cost per call plus a cost per row, fitted to them), or, before any
+measurement, as its rows plus an eighth of the largest gear's (the fixed cost of a call). Decisions are
+cached per size and made again as measurements come in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import sympy
+import torch
+
+from ..ir import SymMeta
+from .padding import Row
+
+__all__ = ["GearLatency", "FitPlan", "plan_fit", "predicted_seconds", "Splitter", "REDECIDE_EVERY"]
+
+_ALPHA = 0.2  # weight of a new measurement in a gear's moving average
+_SKIP_FIRST = 2  # a gear's first calls (warm-up, tier-up builds) are not measured
+REDECIDE_EVERY = 256  # calls between fresh decisions for the sizes no gear serves
+
+
+class GearLatency:
+    """Seconds per call of each gear, as a moving average of the calls it served; thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seen: dict = {}
+        self._mean: dict = {}
+        self.version = 0  # bumped when a gear gets its first measurement: cached decisions are stale
+
+    def record(self, gear: tuple, seconds: float) -> None:
+        with self._lock:
+            n = self._seen[gear] = self._seen.get(gear, 0) + 1
+            if n <= _SKIP_FIRST:
+                return
+            old = self._mean.get(gear)
+            if old is None:
+                self.version += 1
+                self._mean[gear] = seconds
+            else:
+                self._mean[gear] = old + _ALPHA * (seconds - old)
+
+    def timed(self, gear: tuple, fn, args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.record(gear, time.perf_counter() - t0)
+        return out
+
+    def measured(self) -> dict:
+        with self._lock:
+            return dict(self._mean)
+
+
+def predicted_seconds(gears: list, measured: dict, rows_of) -> dict:
+    """Each gear's predicted seconds: measured, else fitted from the measured ones (fixed + per-row cost)."""
+    points = sorted((rows_of(g), t) for g, t in measured.items() if g in gears)
+    if len(points) >= 2:
+        (r0, t0), (r1, t1) = points[0], points[-1]
+        per_row = max((t1 - t0) / (r1 - r0), 0.0) if r1 != r0 else t1 / max(r1, 1)
+        fixed = max(t0 - per_row * r0, 0.0)
+    elif len(points) == 1:
+        r0, t0 = points[0]
+        fixed, per_row = t0 / 9, (t0 - t0 / 9) / max(r0, 1)  # a call's fixed cost taken as 1/8 of its work
+    else:
+        largest = max(rows_of(g) for g in gears)
+        fixed, per_row = largest / 8, 1.0
+    return {g: measured.get(g, fixed + per_row * rows_of(g)) for g in gears}
+
+
+@dataclasses.dataclass(frozen=True)
+class FitPlan:
+    """How one size no gear serves runs: ``parts`` as (rows, gear), in order; a part with fewer rows than its
+    gear is padded. One part: padded to that gear; several: split."""
+
+    parts: tuple
+    seconds: float  # predicted
+
+    @property
+    def split(self) -> bool:
+        return len(self.parts) > 1
+
+
+def plan_fit(n: int, sizes: list, seconds: dict) -> FitPlan | None:
+    """The cheapest way to run ``n`` rows with gears of ``sizes`` rows each (``seconds``: size -> predicted time):
+    a dynamic programme over the rows left, each step one gear's run (padded when it has more rows than are
+    left). None when there are no sizes."""
+    sizes = sorted(set(sizes))
+    if not sizes or n < 1:
+        return None
+    best = [(0.0, ())] + [None] * n  # rows -> (seconds, parts) for the first rows
+    for m in range(1, n + 1):
+        options = []
+        for g in sizes:
+            if g >= m:
+                options.append((seconds[g], ((m, g),)))
+                break  # larger gears only cost more for these rows (latency grows with size)
+            t, parts = best[m - g]
+            options.append((t + seconds[g], parts + ((g, g),)))
+        best[m] = min(options, key=lambda o: (o[0], len(o[1])))
+    t, parts = best[n]
+    # the same gears, filled largest first: the padding lands in the last, smallest part
+    out, left = [], n
+    for g in sorted((g for _, g in parts), reverse=True):
+        out.append((min(g, left), g))
+        left -= out[-1][0]
+    return FitPlan(tuple(out), t)
+
+
+class Splitter:
+    """Runs a call of ``key`` as parts along one gear axis (the key positions ``axis``), each part a gear's
+    graph on a slice of the inputs, and joins the outputs' rows."""
+
+    def __init__(self, padder, axis: list, key: tuple, parts: tuple, table: dict):
+        self.padder = padder
+        pos = axis[0]
+        plan = padder.plans[pos]
+        self.inputs = plan.inputs  # (input index, dim) holding the axis's rows
+        self.scalars = plan.scalars
+        real = {s.symbol: v for s, v in zip(padder.symbols, key)}
+        self.joins = []  # (output index, dim) whose rows are joined; the others are taken from the first part
+        self.fixed = {}
+        for j, (states, meta) in enumerate(zip(padder.output_states, padder.output_metas)):
+            if isinstance(meta, SymMeta):
+                self.fixed[j] = meta.pytype(sympy.sympify(meta.expr).subs(real))
+            elif isinstance(states.get(pos), Row):
+                self.joins.append((j, states[pos].dim))
+        self.runs = []  # (offset, rows, callable)
+        offset = 0
+        for rows, gear in parts:
+            part_key = tuple(rows if p in axis else v for p, v in enumerate(key))
+            gear_key = tuple(gear if p in axis else v for p, v in enumerate(key))
+            fn = table[gear_key] if rows == gear else padder.make(part_key, gear_key, table[gear_key])
+            self.runs.append((offset, rows, fn))
+            offset += rows
+
+    def __call__(self, *args):
+        results = []
+        for offset, rows, fn in self.runs:
+            part = list(args)
+            for i, d in self.inputs:
+                part[i] = args[i].narrow(d, offset, rows)
+            for i in self.scalars:
+                part[i] = rows
+            results.append(fn(*part))
+        outs = list(results[0])
+        for j, d in self.joins:
+            outs[j] = torch.cat([r[j] for r in results], dim=d)
+        for j, v in self.fixed.items():
+            outs[j] = v
+        return tuple(outs)
