@@ -11,6 +11,17 @@ forward dataflow over the IR. Each value gets one state per symbol:
   with the dims after it, as ``[s, 32, 384] -> [32*s, 384]`` before a matmul does);
 * ``SYM``: a scalar whose value depends on ``s`` (size arithmetic); it may only feed shape arguments.
 
+A ``Row`` whose dim also holds an outer factor (``outer``: ``[b, s, 32] -> [b*s, 32]`` before a matmul puts each
+batch's positions one after another) keeps element ``i``'s row as ``(i // k) % s``. A ``Row`` knows the value its
+padded positions hold (``pad``) where that is one known value: the inputs are padded with zeros.
+
+Padding a *sequence* (keys mixed by attention) is proven by the attention rule (`_attention`): ``q``, ``k`` and ``v``
+have their rows on the sequence dim, and every padded key is masked out for every real query, by the attention
+mask (a `Pair`: a value with the rows of ``s`` in two dims, whose padded key positions hold a masked value, as
+transformers' masks built from the padded ``attention_mask`` do) or by ``is_causal`` (padding goes at the end). A
+masked key's weight is exactly zero, so padded keys and values never reach a real query. What padded positions
+hold is what the model computes for a token of id 0 with mask 0: finite, as for the tokenizer's own padding.
+
 A ``Row`` with ``index=True`` holds the row number itself along its dim (``arange(s)`` and views of it), which
 lets a gather such as ``mask[arange(s)[:, None], j]`` (transformers' mask functions) read each row from its own
 row. Only the transfers in `_KEEP_VALUES` pass that mark on; every other result is a plain ``Row``.
@@ -21,7 +32,9 @@ is refused.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import itertools
 import operator
 
 import sympy
@@ -54,6 +67,24 @@ class Row:
     k: sympy.Expr = sympy.Integer(1)
     # its values along ``dim`` are the row numbers 0, 1, ... (k == 1); not part of equality: a row is a row
     index: bool = dataclasses.field(default=False, compare=False)
+    outer: sympy.Expr = sympy.Integer(1)  # dim has size outer*s*k: element i belongs to row (i // k) % s
+    pad: object = dataclasses.field(default=None, compare=False)  # the value at every padded position, if known
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A value with the rows of ``s`` in two dims (an attention mask ``[batch, 1, query, key]``), each element depending
+    only on its own two rows. ``pads[d]``: the value at padded positions of dim ``d`` where the other dim is real
+    (None: not known)."""
+
+    dims: tuple
+    pads: tuple = (None, None)
+
+    def pad_of(self, dim: int):
+        return self.pads[self.dims.index(dim)]
+
+
+_STATES: "contextvars.ContextVar[dict]" = contextvars.ContextVar("rewrite_padding_states")
 
 
 class NotRowwise(Exception):
@@ -97,15 +128,19 @@ def _prod(xs):
 
 
 def _reshape(state: Row, in_shape, out_shape, s) -> Row:
-    """Where a row dim lands after a reshape (flat order is kept, so its stride and prefix must match)."""
+    """Where a row dim lands after a reshape (flat order is kept: the elements before a row's block, ``prefix``, and
+    the block, ``stride``, must divide evenly into the new dims; what remains of them in the row's new dim is its
+    ``outer`` and ``k``)."""
     stride = state.k * _prod(in_shape[state.dim + 1:])
-    prefix = _prod(in_shape[:state.dim])
+    prefix = state.outer * _prod(in_shape[:state.dim])
     for e in range(len(out_shape)):
         k = sympy.simplify(stride / _prod(out_shape[e + 1:]))
-        if not _is_factor(k, s):
+        outer = sympy.simplify(prefix / _prod(out_shape[:e]))
+        if not _is_factor(k, s) or not _is_factor(outer, s):
             continue
-        if sympy.simplify(out_shape[e] - s * k) == 0 and sympy.simplify(_prod(out_shape[:e]) - prefix) == 0:
-            return Row(e, k, state.index and k == 1)  # k == 1: each element keeps its row coordinate
+        if sympy.simplify(out_shape[e] - outer * s * k) == 0:
+            keep = k == 1 and outer == 1  # each element keeps its row coordinate
+            return Row(e, k, state.index and keep, outer, state.pad if keep else None)
     raise NotRowwise(f"reshape {list(in_shape)} -> {list(out_shape)} mixes the rows of {s} with other dims")
 
 
@@ -141,17 +176,81 @@ def _check_no_sym(node, inputs):
 
 
 def _pointwise(node, states, s):
-    """Broadcasting elementwise ops: every row input must put its row on the same output dim."""
+    """Broadcasting elementwise ops: every row input must put its row on the same output dim; or, with rows on two
+    dims (a query's row against a key's, as attention masks are built), the result is a `Pair`. The value at padded
+    positions is computed from the inputs' where they are known (`_pad_value`)."""
     inputs = _tensor_states(node, states)
     _check_no_sym(node, inputs)
     rank = len(node.meta.shape)
-    found = set()
+    dims = {}  # output dim -> the rows found there (outer and k must agree)
     for n, st in inputs:
+        shift = rank - len(n.meta.shape)
         if isinstance(st, Row):
-            found.add(Row(st.dim + rank - len(n.meta.shape), st.k))
-    if len(found) > 1:
-        raise NotRowwise(f"node %{node.name} ({node.op}) combines rows of {s} on different dims {sorted(found, key=str)}")
-    return found.pop() if found else INDEP
+            dims.setdefault(st.dim + shift, set()).add(dataclasses.replace(st, dim=st.dim + shift, index=False, pad=None))
+        elif isinstance(st, Pair):
+            for d in st.dims:
+                dims.setdefault(d + shift, set()).add(Row(d + shift))
+    if any(len(rows) > 1 for rows in dims.values()) or len(dims) > 2 or (
+            len(dims) == 2 and any(r != Row(r.dim) for rows in dims.values() for r in rows)):
+        found = sorted({r for rows in dims.values() for r in rows}, key=str)
+        raise NotRowwise(f"node %{node.name} ({node.op}) combines rows of {s} on different dims {found}")
+    if not dims:
+        return INDEP
+    if len(dims) == 1:
+        ((d, (row,)),) = dims.items()
+        return dataclasses.replace(row, pad=_pad_value(node, inputs, d, rank))
+    pair = tuple(sorted(dims))
+    return Pair(pair, tuple(_pad_value(node, inputs, d, rank) for d in pair))
+
+
+# Comparisons of two row-number values: at a real row against a padded one, the real number is the smaller.
+_COMPARISONS = {aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor}
+
+
+def _pad_value(node, inputs, d: int, rank: int):
+    """The value of a pointwise ``node`` at the padded positions of output dim ``d`` (its other row dim, if any, real),
+    when every input is known there: an input with rows on ``d`` holds its ``pad``; a scalar constant its value; a
+    bool input not padded along ``d`` may hold either value (the result must be the same for both); two row-number
+    inputs compared take 0 (real) and 1 (padded). None when not known."""
+    choices = []
+    order = [n for n, _ in inputs]
+    compared_rows = node.target in _COMPARISONS and all(isinstance(st, Row) and st.index for _, st in inputs)
+    if any(isinstance(v, Node) for v in node.kwargs.values()):
+        return None
+    for n, st in inputs:
+        if not isinstance(n.meta, TensorMeta):
+            return None
+        shift = rank - len(n.meta.shape)
+        dtype = n.meta.dtype
+        if isinstance(st, Row) and st.dim + shift == d:
+            value = 1 if compared_rows else st.pad
+            choices.append([value] if value is not None else None)
+        elif isinstance(st, Pair) and d - shift in st.dims:
+            value = st.pad_of(d - shift)
+            choices.append([value] if value is not None else None)
+        elif compared_rows:
+            choices.append([0])
+        elif n.kind == "constant" and isinstance(n.value, torch.Tensor) and n.value.numel() == 1:
+            choices.append([n.value.item()])
+        elif dtype == torch.bool:
+            choices.append([False, True])
+        else:
+            choices.append(None)
+        if choices[-1] is None:
+            return None
+    results = set()
+    for combo in itertools.product(*choices):
+        values = dict(zip((id(n) for n in order), (torch.tensor(v, dtype=n.meta.dtype) for n, v in zip(order, combo))))
+        args = map_nodes(node.args, lambda n: values[id(n)])
+        try:
+            out = node.target(*args, **node.kwargs)
+        except Exception:  # noqa: BLE001 - an op that will not run on scalars: its pad is not known
+            return None
+        if not isinstance(out, torch.Tensor) or out.numel() != 1:
+            return None
+        value = out.item()
+        results.add("nan" if value != value else value)
+    return results.pop() if len(results) == 1 and "nan" not in results else None
 
 
 def _identity(node, states, s):
@@ -173,7 +272,7 @@ def _reduction(node, states, s):
     dims = [_norm(d, rank) for d in dims] if dims else list(range(rank))
     if st.dim in dims:
         raise NotRowwise(f"node %{node.name} ({node.op}) reduces across the rows of {s} (dim {st.dim})")
-    new = Row(st.dim if args.get("keepdim", False) else st.dim - sum(d < st.dim for d in dims), st.k)
+    new = Row(st.dim if args.get("keepdim", False) else st.dim - sum(d < st.dim for d in dims), st.k, outer=st.outer)
     return tuple(new for _ in node.meta) if isinstance(node.meta, tuple) else new
 
 
@@ -214,7 +313,7 @@ def _mm(node, states, s):
             raise NotRowwise(f"node %{node.name} ({node.op}) contracts over the rows of {s}")
         out = b
     if len(states) == 3 and isinstance(states[0], Row):  # addmm's bias broadcasts against the product
-        bias = Row(states[0].dim + 2 - len(node.args[0].meta.shape), states[0].k)
+        bias = Row(states[0].dim + 2 - len(node.args[0].meta.shape), states[0].k, outer=states[0].outer)
         if out is not INDEP and bias != out:
             raise NotRowwise(f"node %{node.name} ({node.op}): bias rows and product rows of {s} differ")
         out = bias
@@ -237,17 +336,53 @@ def _bmm(node, states, s):
 
 
 def _attention(node, states, s):
-    """SDPA(q, k, v, ...): rows may be batch or head dims of all of q, k, v (and the mask)."""
+    """SDPA(q, k, v, ...): rows may be batch or head dims of all of q, k, v (and the mask); or the sequence dim of
+    q, k and v (dim 2 of ``[batch, heads, seq, dim]``) when every padded key is masked out for every real query
+    (`_keys_masked`): then each real query reads real keys only, and the output keeps the query's rows."""
     inputs = _tensor_states(node, states)
     _check_no_sym(node, inputs)
     rows = {st for _, st in inputs if isinstance(st, Row)}
-    if not rows:
+    pairs = [st for _, st in inputs if isinstance(st, Pair)]
+    if not rows and not pairs:
         return tuple(INDEP for _ in node.meta) if isinstance(node.meta, tuple) else INDEP
     q, k, v = states[0], states[1], states[2]
-    if len(rows) > 1 or next(iter(rows)).dim not in (0, 1) or not (q == k == v):
+    plain = {dataclasses.replace(r, index=False, pad=None) for r in rows}
+    if not pairs and len(plain) == 1 and next(iter(plain)).dim in (0, 1) and q == k == v:
+        row = dataclasses.replace(next(iter(plain)), pad=None)
+    elif q == k == v == Row(2) and _keys_masked(node, s):
+        row = Row(2)
+    else:
         raise NotRowwise(f"node %{node.name} ({node.op}) attends across the rows of {s}")
-    row = next(iter(rows))
     return tuple(row for _ in node.meta) if isinstance(node.meta, tuple) else row
+
+
+def _keys_masked(node, s) -> bool:
+    """Whether every padded key position is masked out for every real query: ``is_causal`` (padding goes after the
+    real keys, which a real query's causal window never passes), or an attention mask that is a `Pair` over
+    (query, key) = dims (2, 3), or a `Row` on the key dim 3, whose value at padded keys is False (a bool mask) or
+    an additive mask low enough that its weight is exactly zero (-inf, or the dtype's most negative values)."""
+    args = _bound(node)
+    if args.get("dropout_p", 0.0):
+        return False
+    mask = args.get("attn_mask")
+    if args.get("is_causal", False) and mask is None:
+        return True
+    if not isinstance(mask, Node):
+        return False
+    st = _STATES.get()[mask.id]
+    rank = len(mask.meta.shape)
+    key_dim = rank - 1
+    if isinstance(st, Pair) and st.dims == (rank - 2, rank - 1):
+        pad = st.pad_of(key_dim)
+    elif isinstance(st, Row) and st.dim == key_dim and st.k == 1 and st.outer == 1:
+        pad = st.pad
+    else:
+        return False
+    if pad is None:
+        return False
+    if mask.meta.dtype == torch.bool:
+        return pad is False or pad == 0
+    return pad == float("-inf") or (mask.meta.dtype.is_floating_point and pad <= torch.finfo(mask.meta.dtype).min / 2)
 
 
 def _view(node, states, s):
@@ -260,10 +395,16 @@ def _view(node, states, s):
 def _expand(node, states, s):
     st = states[0]
     out_shape = _shape(node.meta)
+    if isinstance(st, Pair):
+        shift = len(out_shape) - len(node.args[0].meta.shape)
+        if [d for d, x in enumerate(out_shape) if _has(x, s)] != [d + shift for d in st.dims] or \
+                any(out_shape[d + shift] != s for d in st.dims):
+            raise NotRowwise(f"node %{node.name} ({node.op}) expands to {list(out_shape)}, repeating rows of {s}")
+        return Pair(tuple(d + shift for d in st.dims), st.pads)
     if not isinstance(st, Row):  # the same data repeated along the new size: constant per row
         return _row_of_shape(out_shape, s) or INDEP
-    new = Row(st.dim + len(out_shape) - len(node.args[0].meta.shape), st.k, st.index)
-    if _row_of_shape(out_shape, s) != new:
+    new = dataclasses.replace(st, dim=st.dim + len(out_shape) - len(node.args[0].meta.shape))
+    if st.outer != 1 or _row_of_shape(out_shape, s) != new:
         raise NotRowwise(f"node %{node.name} ({node.op}) expands to {list(out_shape)}, repeating rows of {s}")
     return new
 
@@ -273,7 +414,7 @@ def _permute(node, states, s):
     if not isinstance(st, Row):
         return st
     dims = [_norm(d, len(node.meta.shape)) for d in node.args[1]]
-    return Row(dims.index(st.dim), st.k, st.index)
+    return dataclasses.replace(st, dim=dims.index(st.dim))
 
 
 def _transpose(node, states, s):
@@ -282,7 +423,7 @@ def _transpose(node, states, s):
         return st
     rank = len(node.meta.shape)
     a, b = (0, 1) if node.target in ops.MATRIX_TRANSPOSES else (_norm(d, rank) for d in node.args[1:3])
-    return Row(b if st.dim == a else a if st.dim == b else st.dim, st.k, st.index)
+    return dataclasses.replace(st, dim=b if st.dim == a else a if st.dim == b else st.dim)
 
 
 def _unsqueeze(node, states, s):
@@ -290,7 +431,9 @@ def _unsqueeze(node, states, s):
     if not isinstance(st, Row):
         return st
     d = _norm(node.args[1], len(node.meta.shape))
-    return Row(st.dim + (d <= st.dim), st.k, st.index)
+    if isinstance(st, Pair):
+        return Pair(tuple(x + (d <= x) for x in st.dims), st.pads)
+    return dataclasses.replace(st, dim=st.dim + (d <= st.dim))
 
 
 def _squeeze(node, states, s):
@@ -329,8 +472,8 @@ def _select(node, states, s):
     dim = _norm(node.args[1], len(node.args[0].meta.shape))
     index = node.args[2]
     if dim != st.dim:
-        return Row(st.dim - (dim < st.dim), st.k)
-    if isinstance(index, int) and index >= 0 and st.k == 1:
+        return dataclasses.replace(st, dim=st.dim - (dim < st.dim), index=False)
+    if isinstance(index, int) and index >= 0 and st.k == 1 and st.outer == 1:
         return INDEP  # one real row, the same whatever the padding
     raise NotRowwise(f"node %{node.name} ({node.op}) picks row {index} of {s}, which depends on the padded size")
 
@@ -346,7 +489,7 @@ def _index_select(node, states, s):
     x, index = states[0], states[2]
     dim = _norm(node.args[1], len(node.args[0].meta.shape))
     if isinstance(index, Row):
-        if isinstance(x, Row):
+        if isinstance(x, Row) or index.outer != 1:
             raise NotRowwise(f"node %{node.name} ({node.op}) indexes rows of {s} by rows of {s}")
         return Row(dim, index.k)
     if isinstance(x, Row) and x.dim == dim:
@@ -362,8 +505,10 @@ def _gather(node, states, s):
     _check_no_sym(node, _tensor_states(node, states))
     dim = _norm(_bound(node)["dim"], len(node.args[0].meta.shape))
     if not isinstance(x, Row):
+        if isinstance(index, Row) and index.outer != 1:
+            raise NotRowwise(f"node %{node.name} ({node.op}) gathers by flattened rows of {s}")
         return Row(index.dim, index.k) if isinstance(index, Row) else INDEP
-    if x.dim != dim and x.k == 1 and (index == Row(x.dim) or
+    if x.dim != dim and x.k == 1 and x.outer == 1 and (index == Row(x.dim) or
                                      (index is INDEP and _row_of_shape(_shape(node.meta), s) == Row(x.dim))):
         return Row(x.dim)
     raise NotRowwise(f"node %{node.name} ({node.op}) gathers across the rows of {s}")
@@ -377,7 +522,7 @@ def _cat(node, states, s):
     dim = _norm(_bound(node)["dim"], len(node.meta.shape))
     if len(set(rows)) != 1 or rows[0].dim == dim:
         raise NotRowwise(f"node %{node.name} ({node.op}) concatenates across or mixes the rows of {s}")
-    return Row(rows[0].dim, rows[0].k, all(st.index for st in rows))  # row numbers only if every part holds them
+    return dataclasses.replace(rows[0], index=all(st.index for st in rows), pad=None)  # row numbers only if every part holds them
 
 
 def _empty_1d(n: Node) -> bool:
@@ -428,10 +573,10 @@ def _index(node, states, s):
     for d in used:
         st = indices[d]
         if isinstance(st, Row):
-            if st.k != 1:
+            if st.k != 1 or st.outer != 1:
                 raise NotRowwise(f"node %{node.name} ({node.op}) indexes by flattened rows of {s}")
             row_dims.add(st.dim + width - len(nodes[d].meta.shape))
-    if isinstance(x, Row) and not (x.k == 1 and x.dim in used and isinstance(indices[x.dim], Row)
+    if isinstance(x, Row) and not (x.k == 1 and x.outer == 1 and x.dim in used and isinstance(indices[x.dim], Row)
                                    and indices[x.dim].index):
         raise NotRowwise(f"node %{node.name} ({node.op}) reads the rows of {s} by indices other than the row numbers")
     if len(row_dims) > 1:
@@ -440,7 +585,7 @@ def _index(node, states, s):
         return INDEP  # neither x nor the indices have rows (x with rows has its row numbers as an index)
     (bdim,) = row_dims
     adjacent = used == list(range(used[0], used[-1] + 1))  # the broadcast dims stand where the indices stood
-    found = Row((used[0] if adjacent else 0) + bdim)
+    found = Row((used[0] if adjacent else 0) + bdim, pad=x.pad if isinstance(x, Row) else None)
     if _row_of_shape(_shape(node.meta), s) != found:
         raise NotRowwise(f"node %{node.name} ({node.op}): its rows of {s} land on dim {found.dim} of shape "
                          f"{list(_shape(node.meta))}")
@@ -517,7 +662,7 @@ def _exact_indices(meta) -> bool:
 def _plain(state):
     if isinstance(state, tuple):
         return tuple(_plain(x) for x in state)
-    return Row(state.dim, state.k) if isinstance(state, Row) and state.index else state
+    return dataclasses.replace(state, index=False) if isinstance(state, Row) and state.index else state
 
 
 def _transfer_for(node: Node):
@@ -537,9 +682,21 @@ def _touches(meta, s) -> bool:
     return False
 
 
+# Transfers that know a `Pair` (a value with rows in two dims); any other op that reads one stops the proof.
+_KNOW_PAIRS = frozenset({"_pointwise", "_expand", "_unsqueeze", "_identity", "_attention", "_getitem"})
+
+
 def row_states(graph: Graph, s) -> dict:
     """The state of every node for symbol ``s``; raises NotRowwise naming the node that mixes rows."""
     env: dict = {}
+    token = _STATES.set(env)
+    try:
+        return _row_states(graph, s, env)
+    finally:
+        _STATES.reset(token)
+
+
+def _row_states(graph: Graph, s, env: dict) -> dict:
     for node in graph.nodes:
         if node.kind == "placeholder":
             if isinstance(node.meta, TensorMeta):
@@ -548,7 +705,7 @@ def row_states(graph: Graph, s) -> dict:
                 if len(dims) > 1 or (dims and shape[dims[0]] != s):
                     raise NotRowwise(f"input %{node.name} has shape {list(shape)}; padding {s} needs it in one dim as "
                                      f"exactly {s}")
-                env[node.id] = Row(dims[0]) if dims else INDEP
+                env[node.id] = Row(dims[0], pad=0) if dims else INDEP  # padded with zeros (Padder)
             elif isinstance(node.meta, SymMeta) and _has(node.meta.expr, s):
                 if sympy.sympify(node.meta.expr) != s:
                     raise NotRowwise(f"input %{node.name} is {node.meta.expr}; padding {s} needs it to be {s}")
@@ -568,6 +725,8 @@ def row_states(graph: Graph, s) -> dict:
         transfer = _transfer_for(node)
         if transfer is None:
             raise NotRowwise(f"node %{node.name} ({node.op}) is not known to keep the rows of {s} independent")
+        if transfer.__name__ not in _KNOW_PAIRS and any(True for _ in iter_instances(states, (Pair,))):
+            raise NotRowwise(f"node %{node.name} ({node.op}) reads a value with the rows of {s} in two dims")
         for v in node.kwargs.values():
             if isinstance(v, Node) and env[v.id] is not INDEP and transfer not in (_factory, _attention):
                 raise NotRowwise(f"node %{node.name} ({node.op}) takes a keyword argument depending on {s}")
@@ -631,6 +790,9 @@ class Padder:
                 continue
             for pos, st in states.items():
                 if isinstance(st, Row) and key[pos] != target[pos]:
+                    if st.outer != 1:
+                        raise GearError(f"cannot pad to gear {target}: output {j} interleaves the rows of "
+                                        f"{self.symbols[pos].label} with another dim")
                     k = sympy.sympify(st.k)
                     if k.free_symbols & padded or k.subs(real).free_symbols:
                         raise GearError(f"cannot pad to gear {target}: output {j} has rows in blocks of {k}, "
@@ -655,6 +817,33 @@ class Padder:
                 outs[j] = v
             return tuple(outs)
         return run_padded
+
+
+def _within_gears(graph: Graph, s, upper: int | None) -> Graph:
+    """``graph`` where ``Min(c, s)`` is ``s`` when no gear of ``s`` exceeds ``c`` (a position table of ``c`` rows
+    sliced to the sequence: every gear, and so every padded call, reads ``s`` of its rows)."""
+    if upper is None:
+        return graph
+    mins = set()
+    for node in graph.nodes:
+        for m in iter_metas(node.meta):
+            exprs = m.shape if isinstance(m, TensorMeta) and m.shape is not None else \
+                [m.expr] if isinstance(m, SymMeta) else []
+            for e in exprs:
+                mins |= {x for x in sympy.preorder_traversal(sympy.sympify(e)) if type(x).__name__ == "Min"  # sympy's
+                         # or torch's own (torch.utils._sympy)
+                         and any(_is(a, s) for a in x.args)
+                         and all(_is(a, s) or (a.is_Integer and a >= upper) for a in x.args)}
+    if not mins:
+        return graph
+    from ..shape import rename_symbols
+
+    return rename_symbols(graph, {m: next(a for a in m.args if _is(a, s)) for m in mins})
+
+
+def _is(expr, s) -> bool:
+    """``expr`` is the symbol ``s`` (by name: symbols made elsewhere may carry other assumptions)."""
+    return isinstance(expr, sympy.Symbol) and expr.name == str(s)
 
 
 def _outputs(graph: Graph) -> list:
@@ -692,7 +881,8 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
     output_states = [dict() for _ in outputs]
     for pos, gs in enumerate(symbols):
         try:
-            plan, states = _prove(graph, gs.symbol)
+            upper = max(g[pos] for g in gears) if gears else None
+            plan, states = _prove(_within_gears(graph, gs.symbol, upper), gs.symbol)
         except NotRowwise as e:
             refusals[pos] = f"{gs.label} ({gs.symbol}): {e}"
             continue
