@@ -17,16 +17,18 @@ def stats(compiled) -> Stats:
     ``.pads``, ``.padded_rows``, ``.dynamic_fallbacks``, ``.recompiles``, ``.uncaptured``, ``.tier_up_refused``,
     ``.tier_up_pending``, ``.aten_fallbacks``, and ``.gears`` (calls per gear). Also takes the backend itself,
     a module compiled in place (``module.compile(backend=...)``, torch's `nn.Module.compile`), and a module that
-    holds one compiled module (a SentenceTransformer whose transformer was compiled: ``rewrite.stats(model)``).
+    holds exactly one compiled module (a model whose submodule was compiled in place or replaced by what
+    torch.compile returned). A SentenceTransformer compiled with its ``.compile(backend=...)`` is the first case.
     Cheap: a snapshot of counters, nothing is compiled or run."""
     if isinstance(compiled, RewriteBackend):
         return compiled.ledger.stats()
     holder = _compiled_holder(compiled)
     callback = getattr(_dynamo_context(holder), "callback", None)
     if callback is None:
+        inside = ", and nothing in it was compiled" if isinstance(compiled, torch.nn.Module) else ""
         raise TypeError(f"rewrite.stats(): expected what torch.compile(..., backend=rewrite's backend) returned, a "
                         f"module compiled with module.compile(backend=...) or holding one, or the backend; got "
-                        f"{type(compiled).__name__}, and nothing in it was compiled")
+                        f"{type(compiled).__name__}{inside}")
     from torch._dynamo.eval_frame import innermost_backend
 
     inner = innermost_backend(callback)
