@@ -15,14 +15,20 @@ __all__ = ["explain", "stats"]
 def stats(compiled) -> Stats:
     """The slow-path counts of what ``torch.compile(..., backend=<rewrite's>)`` returned (`rewrite.ledger`):
     ``.pads``, ``.padded_rows``, ``.dynamic_fallbacks``, ``.recompiles``, ``.uncaptured``, ``.tier_up_refused``,
-    ``.tier_up_pending``, ``.aten_fallbacks``, and ``.gears`` (calls per gear). Also takes the backend itself.
+    ``.tier_up_pending``, ``.aten_fallbacks``, and ``.gears`` (calls per gear). Also takes the backend itself,
+    a module compiled in place (``module.compile(backend=...)``, torch's `nn.Module.compile`), and a module that
+    holds exactly one compiled module (a model whose submodule was compiled in place or replaced by what
+    torch.compile returned). A SentenceTransformer compiled with its ``.compile(backend=...)`` is the first case.
     Cheap: a snapshot of counters, nothing is compiled or run."""
     if isinstance(compiled, RewriteBackend):
         return compiled.ledger.stats()
-    callback = getattr(_dynamo_context(compiled), "callback", None)
+    holder = _compiled_holder(compiled)
+    callback = getattr(_dynamo_context(holder), "callback", None)
     if callback is None:
-        raise TypeError(f"rewrite.stats(): expected what torch.compile(..., backend=rewrite's backend) returned, or the "
-                        f"backend; got {type(compiled).__name__}")
+        inside = ", and nothing in it was compiled" if isinstance(compiled, torch.nn.Module) else ""
+        raise TypeError(f"rewrite.stats(): expected what torch.compile(..., backend=rewrite's backend) returned, a "
+                        f"module compiled with module.compile(backend=...) or holding one, or the backend; got "
+                        f"{type(compiled).__name__}{inside}")
     from torch._dynamo.eval_frame import innermost_backend
 
     inner = innermost_backend(callback)
@@ -111,6 +117,30 @@ def _resized(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
         else:
             out = torch.cat([t] * -(-size // n), dim).narrow(dim, 0, size).clone()
     return out.requires_grad_() if t.requires_grad and t.is_leaf else out
+
+
+def _compiled_holder(obj):
+    """What holds the Dynamo context of ``obj``: ``obj`` itself when torch.compile returned it; for a module
+    compiled in place (`nn.Module.compile` keeps torch.compile's result in ``_compiled_call_impl``) that
+    result; for a module that is neither, the one compiled module inside it (a child that torch.compile
+    returned, or one compiled in place). Several compiled modules inside: a TypeError naming them, since
+    each has its own ledger. Nothing compiled: ``obj`` (the caller says what it expected)."""
+    if _dynamo_context(obj) is not None or not isinstance(obj, torch.nn.Module):
+        return obj
+    if getattr(obj, "_compiled_call_impl", None) is not None:
+        return obj._compiled_call_impl
+    found, skip = [], set()
+    for name, sub in obj.named_modules():
+        if name == "" or any(name.startswith(outer + ".") for outer in skip):
+            continue  # a compiled module's own submodules are its graph's, not separate compiles
+        held = sub._compiled_call_impl if getattr(sub, "_compiled_call_impl", None) is not None else sub
+        if _dynamo_context(held) is not None:
+            found.append((name, held))
+            skip.add(name)
+    if len(found) > 1:
+        raise TypeError(f"rewrite.stats(): {type(obj).__name__} holds {len(found)} compiled modules, each with its "
+                        f"own counts: {', '.join(name for name, _ in found)}; pass one of them")
+    return found[0][1] if found else obj
 
 
 def _dynamo_context(obj):

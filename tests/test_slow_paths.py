@@ -185,6 +185,30 @@ def test_stats_belong_to_one_torch_compile_call_also_for_the_string_backend():
         rewrite.stats(model)
 
 
+
+def test_stats_reach_a_module_compiled_in_place_and_the_module_that_holds_it():
+    """nn.Module.compile keeps torch.compile's result inside the module (what sentence-transformers users do):
+    rewrite.stats finds it there, and inside a module that holds exactly one compiled module."""
+    model = _Rows().eval()
+    model.compile(backend="rewrite", dynamic=False)
+    outer = torch.nn.Sequential(torch.nn.Identity(), model)
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+        model(torch.randn(3, 8))
+    assert rewrite.stats(model).recompiles == 1
+    assert rewrite.stats(outer).recompiles == 1
+    holder = torch.nn.Sequential(torch.compile(_Rows().eval(), backend="rewrite"))  # a compiled child
+    assert rewrite.stats(holder).recompiles == 0
+    two = torch.nn.Sequential(model, torch.compile(_Rows().eval(), backend="rewrite"))
+    with pytest.raises(TypeError, match="holds 2 compiled modules.*: 0, 1"):
+        rewrite.stats(two)
+    other = _Rows().eval()
+    other.compile(backend="eager")
+    with pytest.raises(TypeError, match="not rewrite's"):
+        rewrite.stats(torch.nn.Sequential(other))
+    with pytest.raises(TypeError, match="expected what torch.compile.*nothing in it was compiled"):
+        rewrite.stats(torch.nn.Sequential(_Rows()))
+
 def test_explain_prints_the_ledger():
     model = _Rows().eval()
     x = torch.randn(4, 8)
