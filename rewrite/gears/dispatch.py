@@ -157,26 +157,35 @@ class GearDispatcher:
         seconds = predicted_seconds(list(self.table), self.latency.measured(), self._elements)
         best = None  # (predicted seconds, axis, FitPlan)
         for axis in self._axes:
-            if not all(self.padder.can_pad(p) for p in axis):
+            if not all(self.padder.can_split(p) for p in axis):
                 continue
-            same_elsewhere = [g for g in self.table if all(g[p] == key[p] for p in range(len(key)) if p not in axis)]
-            sizes = {g[axis[0]]: seconds[g] for g in same_elsewhere}
+            # the gears that hold the call's other sizes, padded up the least where they are no gear
+            rest = [p for p in range(len(key)) if p not in axis]
+            fits = [g for g in self.table if all(g[p] == key[p] or (g[p] > key[p] and self.padder.can_pad(p))
+                                                 for p in rest)]
+            if not fits:
+                continue
+            elsewhere = min({tuple(g[p] for p in rest) for g in fits}, key=math.prod)
+            sizes = {g[axis[0]]: seconds[g] for g in fits if tuple(g[p] for p in rest) == elsewhere}
             plan = plan_fit(key[axis[0]], list(sizes), sizes)
             if plan is not None and (best is None or plan.seconds < best[0]):
-                best = (plan.seconds, axis, plan)
+                best = (plan.seconds, axis, plan, dict(zip(rest, elsewhere)))
         target = self._smallest_larger(key)
         if best is None or not best[2].split or (target is not None and seconds[target] <= best[0]):
             return None  # padding to one gear (the "pad" path) is as cheap, or the only way
-        _, axis, plan = best
+        _, axis, plan, elsewhere = best
         try:
-            fn = Splitter(self.padder, axis, key, plan.parts, self.table)
+            fn = Splitter(self.padder, axis, key, plan.parts, self.table, elsewhere)
         except GearError as e:
             log.info("gears: %s cannot be split: %s", self._describe(key), e)
             return None
-        padded = sum(g - rows for rows, g in plan.parts) * (self._elements(key) // max(key[axis[0]], 1))
+        gear_rows = sum(g for _, g in plan.parts)
+        padded = (self._elements(tuple(elsewhere.get(p, gear_rows) for p in range(len(key)))) - self._elements(key))
         ran = " + ".join(str(g) if rows == g else f"{g} ({g - rows} padded)" for rows, g in plan.parts)
         log.info("gears: shape %s is not a gear; split into gears %s", self._describe(key), ran)
-        return ("splits", fn, padded, f"{self._describe(key)} ran as gears {ran} of {self.symbols[axis[0]].label}")
+        grown = [f"{self.symbols[p].label} padded to {v}" for p, v in elsewhere.items() if v != key[p]]
+        return ("splits", fn, padded, f"{self._describe(key)} ran as gears {ran} of {self.symbols[axis[0]].label}"
+                + (f" ({', '.join(grown)})" if grown else ""))
 
     def _elements(self, key: tuple) -> int:
         """The elements a call of ``key`` runs: the product of its gear axes' sizes (one gear axis the trace kept as

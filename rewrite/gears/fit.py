@@ -121,9 +121,10 @@ def plan_fit(n: int, sizes: list, seconds: dict) -> FitPlan | None:
 
 class Splitter:
     """Runs a call of ``key`` as parts along one gear axis (the key positions ``axis``), each part a gear's
-    graph on a slice of the inputs, and joins the outputs' rows."""
+    graph on a slice of the inputs, and joins the outputs' rows. ``elsewhere``: the gear's sizes at the other key
+    positions where they are larger than the call's (padded up in every part)."""
 
-    def __init__(self, padder, axis: list, key: tuple, parts: tuple, table: dict):
+    def __init__(self, padder, axis: list, key: tuple, parts: tuple, table: dict, elsewhere: dict | None = None):
         self.padder = padder
         pos = axis[0]
         plan = padder.plans[pos]
@@ -141,8 +142,8 @@ class Splitter:
         offset = 0
         for rows, gear in parts:
             part_key = tuple(rows if p in axis else v for p, v in enumerate(key))
-            gear_key = tuple(gear if p in axis else v for p, v in enumerate(key))
-            fn = table[gear_key] if rows == gear else padder.make(part_key, gear_key, table[gear_key])
+            gear_key = tuple(gear if p in axis else (elsewhere or {}).get(p, v) for p, v in enumerate(key))
+            fn = table[gear_key] if part_key == gear_key else padder.make(part_key, gear_key, table[gear_key])
             self.runs.append((offset, rows, fn))
             offset += rows
 

@@ -85,6 +85,9 @@ class Pair:
 
 
 _STATES: "contextvars.ContextVar[dict]" = contextvars.ContextVar("rewrite_padding_states")
+# Where the proof running relied on padded positions being masked out (attention's masked keys, a sum of values
+# that are 0 where padded): such rows pad, but do not split (a part would miss the other parts' real keys).
+_MIXED: "contextvars.ContextVar[list]" = contextvars.ContextVar("rewrite_padding_mixed")
 
 
 class NotRowwise(Exception):
@@ -203,8 +206,25 @@ def _pointwise(node, states, s):
     return Pair(pair, tuple(_pad_value(node, inputs, d, rank) for d in pair))
 
 
+_SUMS = frozenset({aten.sum.dim_IntList, aten.sum.default})
+# Products: a factor known to be 0 at the padded positions makes the product 0 there, whatever the other factor
+# holds (a finite value: what the model computes for a padding token)
+_PRODUCTS = frozenset({aten.mul.Tensor})
+
 # Comparisons of two row-number values: at a real row against a padded one, the real number is the smaller.
 _COMPARISONS = {aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor}
+
+
+def _pad_along(n, st, d: int, rank: int):
+    """What input ``n`` (state ``st``) holds at the padded positions of output dim ``d``, when known."""
+    if not isinstance(n.meta, TensorMeta):
+        return None
+    shift = rank - len(n.meta.shape)
+    if isinstance(st, Row) and st.dim + shift == d:
+        return st.pad
+    if isinstance(st, Pair) and d - shift in st.dims:
+        return st.pad_of(d - shift)
+    return None
 
 
 def _pad_value(node, inputs, d: int, rank: int):
@@ -212,6 +232,8 @@ def _pad_value(node, inputs, d: int, rank: int):
     when every input is known there: an input with rows on ``d`` holds its ``pad``; a scalar constant its value; a
     bool input not padded along ``d`` may hold either value (the result must be the same for both); two row-number
     inputs compared take 0 (real) and 1 (padded). None when not known."""
+    if node.target in _PRODUCTS and any(_pad_along(n, st, d, rank) == 0 for n, st in inputs):
+        return 0
     choices = []
     order = [n for n, _ in inputs]
     compared_rows = node.target in _COMPARISONS and all(isinstance(st, Row) and st.index for _, st in inputs)
@@ -270,6 +292,9 @@ def _reduction(node, states, s):
     dims = args.get("dim")
     dims = [dims] if isinstance(dims, int) else list(dims or [])
     dims = [_norm(d, rank) for d in dims] if dims else list(range(rank))
+    if st.dim in dims and node.target in _SUMS and st.pad == 0 and not isinstance(node.meta, tuple):
+        _MIXED.get().append(f"%{node.name} sums over the rows of {s}")
+        return INDEP  # a sum whose padded positions hold 0 (masked pooling: (x * mask).sum(1)) is the real rows' sum
     if st.dim in dims:
         raise NotRowwise(f"node %{node.name} ({node.op}) reduces across the rows of {s} (dim {st.dim})")
     new = Row(st.dim if args.get("keepdim", False) else st.dim - sum(d < st.dim for d in dims), st.k, outer=st.outer)
@@ -282,7 +307,12 @@ def _along_dim(node, states, s):
     st = states[0]
     _check_no_sym(node, _tensor_states(node, states))
     if isinstance(st, Row) and _norm(_bound(node)["dim"], len(node.args[0].meta.shape)) == st.dim:
-        raise NotRowwise(f"node %{node.name} ({node.op}) mixes values along the rows of {s}")
+        if node.target not in ops.SCANS | ops.SCANS_WITH_INDICES or st.k != 1 or st.outer != 1:
+            raise NotRowwise(f"node %{node.name} ({node.op}) mixes values along the rows of {s}")
+        # a running total (roberta's position ids: cumsum of the mask): row i reads rows 0..i only, and padding
+        # goes after the real rows, so every real row's value is the same; the rows pad but do not split
+        _MIXED.get().append(f"%{node.name} scans along the rows of {s}")
+        st = dataclasses.replace(st, index=False, pad=None)
     return tuple(st for _ in node.meta) if isinstance(node.meta, tuple) else st
 
 
@@ -350,6 +380,7 @@ def _attention(node, states, s):
     if not pairs and len(plain) == 1 and next(iter(plain)).dim in (0, 1) and q == k == v:
         row = dataclasses.replace(next(iter(plain)), pad=None)
     elif q == k == v == Row(2) and _keys_masked(node, s):
+        _MIXED.get().append(f"%{node.name} attends across the rows of {s}, padded keys masked")
         row = Row(2)
     else:
         raise NotRowwise(f"node %{node.name} ({node.op}) attends across the rows of {s}")
@@ -627,7 +658,7 @@ _TRANSFER = ops.family_table(
     (ops.SLICES, _slice),
     (ops.SELECTS, _select),
     (ops.ALIASES | ops.COPIES, _identity),
-    (ops.REDUCTIONS, _reduction),
+    (ops.REDUCTIONS | {aten.linalg_vector_norm.default}, _reduction),  # the norm: sentence embeddings' normalize
     (ops.SOFTMAXES | ops.SCANS | ops.SCANS_WITH_INDICES | ops.SORTS | ops.TOP_K, _along_dim),
     (ops.LAYER_NORMS, _layer_norm),
     (ops.ATTENTION, _attention),
@@ -688,12 +719,19 @@ _KNOW_PAIRS = frozenset({"_pointwise", "_expand", "_unsqueeze", "_identity", "_a
 
 def row_states(graph: Graph, s) -> dict:
     """The state of every node for symbol ``s``; raises NotRowwise naming the node that mixes rows."""
+    return row_states_and_mixing(graph, s)[0]
+
+
+def row_states_and_mixing(graph: Graph, s) -> tuple[dict, list]:
+    """`row_states`, and where the rows are mixed with padded positions masked out (pads, but cannot split)."""
     env: dict = {}
-    token = _STATES.set(env)
+    mixed: list = []
+    tokens = _STATES.set(env), _MIXED.set(mixed)
     try:
-        return _row_states(graph, s, env)
+        return _row_states(graph, s, env), mixed
     finally:
-        _STATES.reset(token)
+        _STATES.reset(tokens[0])
+        _MIXED.reset(tokens[1])
 
 
 def _row_states(graph: Graph, s, env: dict) -> dict:
@@ -746,6 +784,8 @@ def _row_states(graph: Graph, s, env: dict) -> dict:
 class _SymbolPlan:
     inputs: list  # (input index, dim) tensors to pad
     scalars: list  # SymInt input indices to replace by the gear value
+    split_refusal: str | None = None  # why the rows cannot run as separate parts (gear_fallback="fit"), or None
+    assumes: tuple = ()  # groups of key positions the proof took as one size each: a call pads only if they are equal
 
 
 class Padder:
@@ -763,11 +803,16 @@ class Padder:
     def can_pad(self, position: int) -> bool:
         return position in self.plans
 
+    def can_split(self, position: int) -> bool:
+        """Whether rows of this position run as separate parts: independent, not only with padding masked out."""
+        return position in self.plans and self.plans[position].split_refusal is None
+
     def make(self, key: tuple, target: tuple, fn):
         from .spec import GearError
 
-        for group in self.together:
-            if len({key[p] for p in group}) > 1 and any(key[p] != target[p] for p in group):
+        padded_plans = [self.plans[p] for p, (have, want) in enumerate(zip(key, target)) if have != want]
+        for group in {g for plan in padded_plans for g in plan.assumes}:
+            if len({key[p] for p in group}) > 1:
                 names = ", ".join(f"{self.symbols[p].label} = {key[p]}" for p in group)
                 raise GearError(f"{names} are one gear axis, proven paddable only when the sizes are equal")
         pads = []  # (input index, dim, amount)
@@ -853,7 +898,7 @@ def _outputs(graph: Graph) -> list:
 
 def _prove(graph: Graph, s):
     """(plan, each output's state) when ``graph`` keeps the rows of ``s`` independent; raises NotRowwise."""
-    env = row_states(graph, s)
+    env, mixed = row_states_and_mixing(graph, s)
     states = []
     outputs = _outputs(graph)
     for j, out in enumerate(outputs):
@@ -864,7 +909,8 @@ def _prove(graph: Graph, s):
     placeholders = graph.placeholders
     plan = _SymbolPlan(inputs=[(i, env[p.id].dim) for i, p in enumerate(placeholders)
                                if isinstance(p.meta, TensorMeta) and isinstance(env[p.id], Row)],
-                       scalars=[i for i, p in enumerate(placeholders) if env[p.id] is SYM])
+                       scalars=[i for i, p in enumerate(placeholders) if env[p.id] is SYM],
+                       split_refusal="; ".join(mixed[:2]) if mixed else None)
     return plan, states
 
 
@@ -890,16 +936,19 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
         for j, st in enumerate(states):
             output_states[j][pos] = st
     together = []
-    for group in tied_positions(gears or [], len(symbols)) if gears else []:
-        if len(group) < 2 or not any(p in refusals for p in group):
+    tied = tuple(tuple(g) for g in (tied_positions(gears, len(symbols)) if gears else []) if len(g) > 1)
+    # every gear axis the trace kept as several symbols made one size: the graph the calls that pad run
+    merged = rename_symbols(graph, {symbols[p].symbol: symbols[g[0]].symbol for g in tied for p in g[1:]})
+    for group in tied:
+        if not any(p in refusals for p in group):
             continue
         s = symbols[group[0]].symbol
-        merged = rename_symbols(graph, {symbols[p].symbol: s for p in group[1:]})
         try:
-            plan, states = _prove(merged, s)
+            plan, states = _prove(_within_gears(merged, s, max(g[group[0]] for g in gears)), s)
         except NotRowwise as e:
-            refusals[group[0]] += f" (with {', '.join(symbols[p].label for p in group[1:])} as one size: {e})"
+            refusals[group[0]] += f" (with the gear axes' symbols as one size each: {e})"
             continue
+        plan.assumes = tied
         for p in group:
             plans[p] = plan
             refusals.pop(p, None)
