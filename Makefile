@@ -1,17 +1,19 @@
 # Set-up and the two main jobs. Both work on a fresh machine from a clean clone:
 #   make demo   - builds the environment, compiles a real small model with gears, prints what happened
 #   make test   - builds the environment, runs the whole test suite
+# CI (.ci/run) also runs `make test-torch2.14`: a fast subset of the suite on the second torch of the matrix.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz zoo bench check-backends env clean
+.PHONY: demo test test-torch2.14 fuzz zoo bench check-backends env clean
 
 env: $(STAMP)
 
 # torch is installed first and pinned: on this CPU machine `pip install torch==2.13.0` takes the
-# local CPU wheel; anything looser would pull the multi-GB CUDA build.
+# local CPU wheel; anything looser would pull the multi-GB CUDA build. pyproject.toml declares a range
+# (the torch versions rewrite works with), which the pinned torch is inside, so pip keeps it.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -25,6 +27,38 @@ demo: $(STAMP)
 # Both cores: the tests run in two worker processes (pytest-xdist), each with its own per-user cache folder.
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --durations=15 tests
+
+# The second torch of the matrix: torch 2.14.1 in its own environment, and on it a fast subset of the suite
+# (the foundation, gears, export, cache, defaults, README examples). `pip install torch==2.14.1` takes the
+# CUDA build (about 5.5 GB installed; it runs on the CPU) from the machine's local wheel store; rewrite
+# and its test extras are installed beside it, and pip keeps that torch (pyproject's range holds it).
+TORCH2_14_VENV ?= .venv-torch2.14
+TORCH2_14_PY := $(TORCH2_14_VENV)/bin/python
+TORCH2_14_STAMP := $(TORCH2_14_VENV)/.installed
+# The subset, one list of pytest arguments: these files, less their tests that take over half a minute each here
+# (real MiniLM weights, fresh processes, every CLI subcommand in a subprocess, two ranks); `make test` runs those.
+TORCH2_14_SUBSET := tests/test_foundation.py tests/test_gears.py tests/test_declared_shapes.py \
+	tests/test_export.py tests/test_cache.py tests/test_defaults.py tests/test_readme.py \
+	--deselect tests/test_gears.py::test_minilm_real_weights_every_batch_gear_matches_eager_and_pads_between \
+	--deselect tests/test_export.py::test_minilm_static_and_geared_exports_match_eager_in_a_fresh_process \
+	--deselect tests/test_export.py::test_two_rank_all_reduce_export_and_load \
+	--deselect tests/test_cache.py::test_two_writers_then_a_hit_in_a_fresh_process \
+	--deselect tests/test_cache.py::test_cache_compile_warm_start_serves_every_gear_without_dynamo \
+	--deselect tests/test_cache.py::test_results_equal_eager_at_every_gear \
+	--deselect tests/test_defaults.py::test_cli_subcommand_defaults \
+	--deselect tests/test_readme.py::test_cli_subcommand \
+	--deselect "tests/test_readme.py::test_python_block_runs[docs/testing.md:16]"
+
+$(TORCH2_14_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TORCH2_14_VENV)
+	$(TORCH2_14_PY) -m pip install -q --upgrade pip
+	$(TORCH2_14_PY) -m pip install -q torch==2.14.1
+	$(TORCH2_14_PY) -m pip install -q -e ".[test]"
+	$(TORCH2_14_PY) -c "import torch; assert torch.__version__.split('+')[0] == '2.14.1', torch.__version__"
+	touch $(TORCH2_14_STAMP)
+
+test-torch2.14: $(TORCH2_14_STAMP)
+	HF_HUB_OFFLINE=1 $(TORCH2_14_PY) -m pytest -q -n 2 --durations=15 $(TORCH2_14_SUBSET)
 
 # Thousands of random graphs: static ones through the optimizer and the backend (test_fuzz.py),
 # dynamic-shape programs through torch.compile and random gears (test_fuzz_dynamic.py).
@@ -48,4 +82,4 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TORCH2_14_VENV) .pytest_cache .hypothesis

@@ -11,6 +11,7 @@ import torch
 
 import rewrite
 from rewrite.gears.declared import Declared, ladder
+from rewrite.torch_compat import dynamo_shapes_spec, shapes_spec_keyword
 
 try:
     from torch.fx.experimental.dynamic_spec import ParamsSpec, ShapeVar, TensorSpec
@@ -18,6 +19,7 @@ except ImportError:  # torch 2.11 (the GPU machines) has no shapes_spec
     ShapeVar = None
 
 needs_shapes_spec = pytest.mark.skipif(ShapeVar is None, reason="this torch has no torch.compile(shapes_spec=...)")
+SPEC = shapes_spec_keyword()  # "shapes_spec" on torch 2.13, "dynamic_shapes" on 2.14 (rewrite.torch_compat)
 
 
 class _Mlp(torch.nn.Module):
@@ -133,11 +135,28 @@ def test_independent_declared_dims_take_every_combination():
 
 
 @needs_shapes_spec
+def test_torch_compat_finds_the_spec_keyword_and_the_spec_dynamo_compiles_with():
+    """rewrite.torch_compat names this torch's spelling (torch.compile's keyword, Dynamo's config field): what
+    rewrite.gears.declared reads the ShapeVars from."""
+    assert SPEC in ("shapes_spec", "dynamic_shapes"), SPEC
+    assert dynamo_shapes_spec() is None  # outside a compile
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(dynamo_shapes_spec())
+        return gm
+
+    spec = ParamsSpec({"x": TensorSpec([ShapeVar("B", min=1, max=8), None])})
+    torch.compile(_Mlp().eval(), backend=backend, **{SPEC: spec})(torch.randn(4, 8))
+    assert len(seen) == 1 and seen[0] is not None and seen[0]._params is not None, seen
+
+
+@needs_shapes_spec
 def test_a_range_without_an_upper_bound_stays_one_dynamic_graph(caplog):
     model = _Mlp().eval()
     caplog.set_level(logging.INFO, logger="rewrite")
     compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()),
-                             shapes_spec=ParamsSpec({"x": TensorSpec([ShapeVar("B", min=1), None])}))
+                             **{SPEC: ParamsSpec({"x": TensorSpec([ShapeVar("B", min=1), None])})})
     _calls_match_eager(compiled, model, [6, 3, 9])
     assert "no upper bound" in caplog.text and not rewrite.stats(compiled).gears
 
@@ -147,7 +166,7 @@ def test_a_shape_var_gets_gears_with_its_hint_and_a_size_outside_its_range_is_re
     model = _Mlp().eval()
     batch = ShapeVar("B", min=1, max=32, optimization_hint=12)
     compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()),
-                             shapes_spec=ParamsSpec({"x": TensorSpec([batch, None])}))
+                             **{SPEC: ParamsSpec({"x": TensorSpec([batch, None])})})
     _calls_match_eager(compiled, model, [12, 1, 32, 7])
     stats = rewrite.stats(compiled)
     assert (12,) in stats.gears and stats.recompiles == 0, stats
@@ -166,7 +185,7 @@ def test_a_shapes_spec_training_graph_compiles_its_backward_and_matches_eager(ca
     model = _Mlp()
     batch = ShapeVar("B", min=1, max=64, optimization_hint=16)
     compiled = torch.compile(model, backend=rewrite.get_backend(rewrite.CompilerConfig()),
-                             shapes_spec=ParamsSpec({"x": TensorSpec([batch, None])}))
+                             **{SPEC: ParamsSpec({"x": TensorSpec([batch, None])})})
     caplog.set_level(logging.WARNING)
     x = torch.randn(8, 8)
     compiled(x).sum().backward()

@@ -25,6 +25,7 @@ import torch
 
 import rewrite
 from rewrite.gears import GearError, evaluate_gears, plan_gears, recording
+from rewrite.torch_compat import shapes_spec_keyword
 
 from zoo import BY_NAME
 
@@ -76,7 +77,7 @@ def compile_with(model, strict: bool = False, shapes_spec=None, **fields):
     config = rewrite.CompilerConfig(**fields)
     config.strict = strict
     backend = rewrite.get_backend(config)
-    extra = {} if shapes_spec is None else {"shapes_spec": shapes_spec}
+    extra = {} if shapes_spec is None else {shapes_spec_keyword(): shapes_spec}  # torch 2.13's name, or 2.14's
     return torch.compile(model, backend=backend, fullgraph=True, **extra), backend
 
 
