@@ -360,3 +360,45 @@ def test_decoder_calls_while_another_process_holds_the_tier_up_build_lock(gpt2, 
     finally:
         holder.kill()
         holder.wait()
+
+
+# -- 5. batch x sequence: padded and split, every real token equal to eager ---------------------------------
+
+def _request(batch: int, seq: int, seed: int, left: bool) -> dict:
+    """A tokenized request of ``batch`` sentences padded to its longest (``seq``): odd rows 3 tokens shorter,
+    padded on the right (encoders) or on the left (``left``: the zoo's decoders)."""
+    from zoo.archs import tokens
+
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if left:
+        mask[1::2, :3] = 0
+    else:
+        mask[1::2, seq - 3:] = 0
+    return {"input_ids": tokens(batch, seed, seq=seq), "attention_mask": mask}
+
+
+@pytest.mark.parametrize("name", ["bert", "distilbert", "roberta", "gpt2", "llama"])
+def test_batch_by_sequence_gears_pad_and_split_and_keep_every_real_token(name):
+    """Gears over batch [1, 2, 4] x sequence [6, 12]; requests between them are padded in both dims (the proof:
+    padded keys masked out by the attention mask or the causal mask, roberta's position ids a running count) and
+    beyond the largest batch split; each real token's output equals eager's."""
+    arch = BY_NAME[name]
+    model = arch.model()
+    left = name == "llama"  # its zoo inputs pad on the left
+    served, backend = compile_with(model, **{"inference_config.dynamic_gears_merge_policy": "product",
+                                            "inference_config.gear_fallback": "fit"})
+    first = _request(4, 12, 0, left)
+    for t in first.values():
+        rewrite.inference.set_dim_gears(t, {0: [1, 2, 4], 1: [6, 12]})
+    requests = [first, _request(3, 9, 1, left), _request(2, 5, 2, left), _request(7, 10, 3, left)]
+    with torch.no_grad():
+        for request in requests:
+            got, want = _main(served(**request)), _main(model(**request))
+            real = request["attention_mask"].bool()
+            torch.testing.assert_close(got[real], want[real], **TOL)
+    assert len(compiled_gears(backend)) == 6, compiled_gears(backend)  # |B| x |L|, whatever symbols the trace made
+    stats = rewrite.stats(served)
+    # (3, 9) pads to (4, 12) or splits 2 + 1 (by the measured latency), (2, 5) pads to (2, 6); (7, 10) is beyond the
+    # largest batch: split (4 + 2 + 1 or 4 + 4), each part padded to sequence 12
+    assert stats.pads + stats.splits == 3 and stats.splits >= 1 and stats.dynamic_fallbacks == 0, stats
+    assert any("ran as gears 4 + " in message for _, message in stats.events), stats

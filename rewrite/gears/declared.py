@@ -19,7 +19,7 @@ the declared range itself (for a ShapeVar its guard error names the range; for `
 graph, which the ledger counts as a recompile). A range without an upper bound has no ladder: the dim stays one
 dynamic graph, with a note. Size 1 under ``mark_dynamic`` is specialized by Dynamo (a backed size), so a gear 1
 there is a graph of its own; a ShapeVar (unbacked) or `set_dim_gears` keeps it in the one trace. ``shapes_spec``
-is read from Dynamo's config (torch 2.13); on a torch without it only ``mark_dynamic`` ranges are seen.
+is read from Dynamo's config (torch 2.13 and 2.14: `rewrite.torch_compat`); on a torch without it only ``mark_dynamic`` ranges are seen.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ import logging
 import math
 
 import torch
+
+from ..torch_compat import dynamo_shapes_spec
 
 log = logging.getLogger("rewrite")
 
@@ -89,7 +91,7 @@ def declared_dims(gm, example_inputs) -> dict:
     example tensors, ``shapes_spec`` ShapeVars looked up by each input's Dynamo source."""
     out: dict = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"] if gm is not None else []
-    spec = getattr(torch._dynamo.config, "_shapes_spec", None)
+    spec = dynamo_shapes_spec()
     for i, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
             continue

@@ -382,7 +382,9 @@ def _refuse_sizes_outside_shape_vars(example_inputs, gm, names) -> None:
     """Raise `OutsideDeclaredRange` when the call being traced has a size outside its ShapeVar's range."""
     from .declared import declared_dims
 
-    if getattr(torch._dynamo.config, "_shapes_spec", None) is None:
+    from ..torch_compat import dynamo_shapes_spec
+
+    if dynamo_shapes_spec() is None:
         return
     for (i, d), declared in sorted(declared_dims(gm, example_inputs).items()):
         size = example_inputs[i].shape[d]
