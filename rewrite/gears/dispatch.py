@@ -17,7 +17,7 @@ from . import traffic as _recording
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["GearSymbol", "GearDispatcher", "not_a_gear", "tied_positions"]
+__all__ = ["GearSymbol", "GearDispatcher", "not_a_gear"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,8 @@ class GearDispatcher:
         self.padder = padder  # gears.padding.Padder, when padding was proven safe
         self.pad_refusal = pad_refusal  # why padding is not allowed, for the error
         self._readers = [s.reader() for s in symbols]
+        from .padding import tied_positions
+
         self._axes = tied_positions(list(table), len(symbols))
         self._misses: dict = {}  # key -> (slow path, callable that serves it, padded elements, message): misses
         # gear_fallback="fit": each gear's measured latency decides between padding and splitting (gears.fit)
@@ -210,20 +212,6 @@ class GearDispatcher:
 
     def _error(self, key: tuple, why: str) -> "GearError":
         return not_a_gear(self.symbols, list(self.table), key, self.fallback, why)
-
-
-def tied_positions(gears: list, n: int) -> list[list[int]]:
-    """Groups of dispatch-key positions whose symbols take one value in every gear: one gear axis that the trace
-    kept as several symbols (bert's input_ids and attention_mask batch). Each position is in one group."""
-    groups: list = []
-    for p in range(n):
-        for g in groups:
-            if all(key[g[0]] == key[p] for key in gears):
-                g.append(p)
-                break
-        else:
-            groups.append([p])
-    return groups
 
 
 def _describe(symbols: list[GearSymbol], key: tuple) -> str:

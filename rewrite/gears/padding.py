@@ -42,11 +42,10 @@ import torch
 
 from .. import ops
 from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas, map_nodes
-from .dispatch import tied_positions
 
 aten = torch.ops.aten
 
-__all__ = ["plan_padding", "row_states", "NotRowwise", "Row", "INDEP", "SYM", "Padder"]
+__all__ = ["plan_padding", "row_states", "row_states_and_mixing", "tied_positions", "NotRowwise", "Row", "INDEP", "SYM", "Padder"]
 
 
 class _Marker:
@@ -862,6 +861,20 @@ class Padder:
                 outs[j] = v
             return tuple(outs)
         return run_padded
+
+
+def tied_positions(gears: list, n: int) -> list[list[int]]:
+    """Groups of dispatch-key positions whose symbols take one value in every gear: one gear axis that the trace
+    kept as several symbols (bert's input_ids and attention_mask batch). Each position is in one group."""
+    groups: list = []
+    for p in range(n):
+        for g in groups:
+            if all(key[g[0]] == key[p] for key in gears):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return groups
 
 
 def _within_gears(graph: Graph, s, upper: int | None) -> Graph:

@@ -46,23 +46,14 @@ class GearError(ValueError, AssertionError):
     ported scripts catch that."""
 
 
-# Dynamo passes a backend's exception of this class to the caller as it is (torch 2.11-2.14: `ShortenTraceback`);
-# any other it wraps in BackendCompilerFailed, which `except GearError` would miss.
-_PASSED_THROUGH = getattr(torch._dynamo.exc, "ShortenTraceback", None)
-
-
-class OutsideDeclaredRange(GearError, *((_PASSED_THROUGH,) if _PASSED_THROUGH is not None else ())):
+class OutsideDeclaredRange(GearError, IndexError):
     """A call whose size lies outside the range a ``shapes_spec`` ShapeVar declares for it.
 
     Dynamo traces such a call again with the ShapeVar's range as a guard, which the call itself fails (torch
     2.13: "AssertionError: Guard failed on the same frame it was created", with any backend); rewrite refuses
-    the trace first, naming the ShapeVar, its range and the size."""
-
-    def __init__(self, message: str):
-        if _PASSED_THROUGH is not None:
-            _PASSED_THROUGH.__init__(self, message, first_useful_frame=None)
-        else:
-            GearError.__init__(self, message)
+    the trace first, naming the ShapeVar, its range and the size. Also an IndexError (a size out of range):
+    Dynamo passes a backend's IndexError to the caller as it is (torch 2.13-2.14), where it wraps any other
+    exception in BackendCompilerFailed, which ``except GearError`` would miss."""
 
 
 def set_dim_gears(tensor: torch.Tensor, dim_gears: dict) -> None:
