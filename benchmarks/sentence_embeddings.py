@@ -18,6 +18,9 @@ contender compiled after another would otherwise start from the other's dynamic 
 * ``inductor dyn freezing``: the same with ``options={"freezing": True}``;
 * ``rewrite``: ``model.compile(backend="rewrite")``, nothing else set;
 * ``rewrite dynamic``: ``model.compile(backend="rewrite", dynamic=True)``;
+* ``rewrite gears``: batch x sequence gears (docs/serving_sentence_embeddings.md): the sequence gears planned by
+  ``rewrite.gears.plan_gears`` (at most 4) from the padded lengths of the corpus's own batches, the batch gears
+  the batch sizes ``encode()`` makes; ``gear_fallback="fit"`` (``dynamic_gears_merge_policy="product"``);
 * ``st onnx``, ``st openvino``: ``SentenceTransformer(..., backend="onnx" / "openvino")``, exported from the
   local weights (into a temporary copy of the model folder). These need sentence-transformers' ``[onnx]`` /
   ``[openvino]`` extras (optimum-onnx, optimum-intel); where those are missing the row says why;
@@ -59,7 +62,7 @@ import rewrite  # noqa: E402
 from rewrite.models import minilm_path  # noqa: E402
 
 CONTENDERS = ["eager", "inductor", "inductor dynamic", "inductor dyn freezing", "rewrite", "rewrite dynamic",
-              "st onnx", "st openvino", "onnxruntime", "openvino"]
+              "rewrite gears", "st onnx", "st openvino", "onnxruntime", "openvino"]
 TORCH_COMPILED = {  # name -> model.compile(...) arguments
     "inductor": {},
     "inductor dynamic": {"dynamic": True},
@@ -154,10 +157,40 @@ def _own_code(model, tag: str):
     return model
 
 
-def make(name: str, folder: str, work: str):
+def _batches(model, sentences: list, batch_size: int) -> list:
+    """The (batch, padded length) of each batch ``encode()`` makes: sorted longest first, cut, padded to the longest."""
+    ordered = sorted(sentences, key=len, reverse=True)
+    chunks = [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+    return [(len(c), model.preprocess(c)["input_ids"].shape[1]) for c in chunks]
+
+
+def _geared(folder: str, sentences: list, batch_size: int):
+    """The ``rewrite gears`` contender: batch x sequence gears planned from the corpus's own batches."""
+    from rewrite.inference import set_dim_gears
+
+    model = _own_code(load(folder), "rewrite gears")
+    shapes = _batches(model, sentences, batch_size)
+    seq_gears = rewrite.gears.plan_gears([n for _, n in shapes], max_gears=4).gears
+    batch_gears = sorted({b for b, _ in shapes})
+    config = rewrite.CompilerConfig(**{"inference_config.dynamic_gears_merge_policy": "product",
+                                       "inference_config.gear_fallback": "fit"})
+    model.compile(backend=rewrite.get_backend(config))
+    with torch.inference_mode():  # as encode() runs
+        features = model.preprocess(sorted(sentences, key=len, reverse=True)[:batch_size])
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            if name in features:
+                set_dim_gears(features[name], {0: batch_gears, 1: seq_gears})
+        model(features)
+    print(f"  rewrite gears: batch {batch_gears} x sequence {seq_gears}")
+    return model
+
+
+def make(name: str, folder: str, work: str, sentences: list = (), batch_size: int = 32):
     """The SentenceTransformer of contender ``name``; `Skip` where it cannot run here."""
     if name == "eager":
         return load(folder)
+    if name == "rewrite gears":
+        return _geared(folder, list(sentences), batch_size)
     if name in TORCH_COMPILED:
         model = _own_code(load(folder), name)
         model.compile(**TORCH_COMPILED[name])
@@ -234,7 +267,7 @@ def main(argv=None) -> int:
         for name in args.contenders:
             try:
                 t0 = time.perf_counter()
-                model = make(name, folder, work)
+                model = make(name, folder, work, sentences, args.batch_size)
                 for _ in range(args.warmup):
                     out = model.encode(sentences, batch_size=args.batch_size, convert_to_tensor=True)
                 warm[name] = time.perf_counter() - t0
@@ -275,7 +308,7 @@ def main(argv=None) -> int:
     print()
     print(table)
     for name, (model, _) in models.items():
-        if TORCH_COMPILED.get(name, {}).get("backend") == "rewrite":
+        if TORCH_COMPILED.get(name, {}).get("backend") == "rewrite" or name == "rewrite gears":
             print(f"\nrewrite.stats, {name}: " + str(rewrite.stats(model)).replace("\n", "\n  "))
     if args.smoke:
         print("\n(--smoke: a tiny run that proves the script works; its times mean nothing)")

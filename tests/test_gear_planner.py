@@ -357,3 +357,27 @@ def test_recording_a_real_transformer_with_a_dim_marked_dynamic_counts_batch_1_t
     assert hist == {1: 1, 2: 1, 3: 1, 4: 2}
     assert stream.function.startswith("BertModel.forward") and stream.dim.endswith("dim 0")
     assert plan_gears(rec, max_gears=2).gears == [2, 4]
+
+
+def test_batch_and_sequence_gears_are_planned_together_under_one_budget():
+    from rewrite.gears import plan_gear_axes
+
+    # sentence traffic: most requests small and short, a few long ones
+    shapes = [(1, 12)] * 40 + [(2, 20)] * 20 + [(8, 30)] * 10 + [(8, 120)] * 2 + [(16, 60)] * 3
+    plan = plan_gear_axes(shapes, max_gears=6)
+    assert plan.gears <= 6 and plan.batch[-1] == 16 and plan.sequence[-1] == 120, plan
+    # exact for what it chose: every request padded to its gear pair, b * s units each
+    cost = sum(min(b2 for b2 in plan.batch if b2 >= b) * min(s2 for s2 in plan.sequence if s2 >= s) for b, s in shapes)
+    assert plan.cost == cost and plan.real == sum(b * s for b, s in shapes)
+    # at least as good as any split of the budget into the largest sizes only, and the ladder's gears
+    assert plan.cost <= sum(16 * 120 for _ in shapes)
+    lone = plan_gear_axes(shapes, max_gears=1)
+    assert (lone.batch, lone.sequence) == ([16], [120]) and lone.cost > plan.cost
+    # a budget as large as the traffic's distinct pairs pads nothing the planner can avoid: a gear per size
+    full = plan_gear_axes(shapes, max_gears=100)
+    assert full.expected_waste < plan.expected_waste
+    # a measured latency that barely grows with the sequence makes long sequence gears cheap: fewer are needed
+    flat = plan_gear_axes(shapes, max_gears=6, latency=lambda b, s: b * (1000 + s))
+    assert len(flat.sequence) <= len(plan.sequence), (flat, plan)
+    with pytest.raises(GearError, match=r"a \(batch, sequence\) pair"):
+        plan_gear_axes([(1, 2, 3)])
