@@ -642,3 +642,55 @@ def test_fit_chooses_between_padding_and_splitting_by_the_measured_latency():
     # 37 with [1, 4, 8, 32]: 32 + 4 + 1 or 32 + 8 (3 padded), by price
     assert plan_fit(37, [1, 4, 8, 32], {1: 1.0, 4: 4.0, 8: 8.0, 32: 32.0}).parts == ((32, 32), (4, 4), (1, 1))
     assert plan_fit(37, [1, 4, 8, 32], {1: 3.0, 4: 5.0, 8: 6.0, 32: 20.0}).parts == ((32, 32), (5, 8))
+
+
+# -- the sequence proof: padded keys masked out, or refused ----------------------------------------------
+
+def _sdpa(q, mask=None, causal=False):
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=causal)
+
+
+def _key_mask(m):  # [b, s] of 1/0 -> [b, 1, s, s] bool, as transformers builds it from the attention mask
+    return m.bool()[:, None, None, :].expand(m.shape[0], 1, m.shape[1], m.shape[1])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda q, m: _sdpa(q, _key_mask(m)),                                                       # a bool key mask
+    lambda q, m: _sdpa(q, (1.0 - m[:, None, None, :].float()) * torch.finfo(torch.float32).min),  # additive
+    lambda q, m: _sdpa(q, torch.where(_key_mask(m), 0.0, float("-inf"))),                      # -inf where masked
+    lambda q, m: _sdpa(q, causal=True) + m[:, None, :, None],                                  # causal: padding after
+], ids=["bool", "additive-min", "where-inf", "causal"])
+def test_sequence_proof_pads_where_every_padded_key_is_masked(fn):
+    from rewrite.gears.padding import Row, row_states_and_mixing
+
+    g = _symbolic(fn, (2, 3, 5, 4), (2, 5))
+    s = g.placeholders[0].meta.shape[2]
+    states, mixed = row_states_and_mixing(g, s)
+    assert _out_state(g, states) == Row(2) and mixed  # pads, and says why it cannot split
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (lambda q, m: _sdpa(q), "attends across the rows"),                                          # no mask at all
+    (lambda q, m: _sdpa(q, m[:, None, None, :] * float("-inf")), "attends across the rows"),    # padded: 0 * -inf
+    (lambda q, m: _sdpa(q, _key_mask(1 - m)), "attends across the rows"),                       # padded keys kept
+    (lambda q, m: _sdpa(q, _key_mask(m)).mean(2), "reduces across the rows"),                   # pooled over the pad
+    (lambda q, m: _sdpa(q, _key_mask(m)).flip(2), "not known to keep the rows"),                # reversed positions
+], ids=["no-mask", "zero-times-inf", "inverted-mask", "mean-pool", "flip"])
+def test_sequence_proof_refuses_what_reads_the_padding(fn, reason):
+    from rewrite.gears.padding import NotRowwise, row_states
+
+    g = _symbolic(fn, (2, 3, 5, 4), (2, 5))
+    with pytest.raises(NotRowwise, match=reason):
+        row_states(g, g.placeholders[0].meta.shape[2])
+
+
+def test_masked_sum_pooling_pads_but_does_not_split():
+    from rewrite.gears.padding import INDEP, row_states_and_mixing
+
+    def pool(x, m):  # sentence-transformers' mean pooling: padded positions summed as zeros
+        w = m[:, :, None].float()
+        return (x * w).sum(1) / w.sum(1).clamp(min=1e-9)
+
+    g = _symbolic(pool, (2, 5, 4), (2, 5))
+    states, mixed = row_states_and_mixing(g, g.placeholders[0].meta.shape[1])
+    assert _out_state(g, states) is INDEP and mixed

@@ -157,7 +157,7 @@ class GearDispatcher:
         from .spec import GearError
 
         seconds = predicted_seconds(list(self.table), self.latency.measured(), self._elements)
-        best = None  # (predicted seconds, axis, FitPlan)
+        best = None  # (predicted seconds, axis, FitPlan, {other key position: its padded size})
         for axis in self._axes:
             if not all(self.padder.can_split(p) for p in axis):
                 continue

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import itertools
+import math
 import operator
 
 import sympy
@@ -231,8 +232,36 @@ def _pad_value(node, inputs, d: int, rank: int):
     when every input is known there: an input with rows on ``d`` holds its ``pad``; a scalar constant its value; a
     bool input not padded along ``d`` may hold either value (the result must be the same for both); two row-number
     inputs compared take 0 (real) and 1 (padded). None when not known."""
-    if node.target in _PRODUCTS and any(_pad_along(n, st, d, rank) == 0 for n, st in inputs):
-        return 0
+    value = _evaluated_pad(node, inputs, d, rank)
+    if value is None and node.target in _PRODUCTS and any(_pad_along(n, st, d, rank) == 0 for n, st in inputs) \
+            and _finite_operands(node):
+        return 0  # 0 times what the model computed for a padding token (finite), or a finite constant
+    return value
+
+
+def _finite_operands(node) -> bool:
+    """Whether every scalar and constant operand of ``node`` is finite (0 * inf is nan, not 0)."""
+    for a in node.args:
+        if isinstance(a, Node):
+            value = a.value if a.kind == "constant" else None
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return False
+        elif isinstance(a, float) and not math.isfinite(a):
+            return False
+    return True
+
+
+def _scalar_value(n: Node):
+    """The one value of a scalar tensor the graph holds as a constant or makes with ``scalar_tensor``, else None."""
+    if n.kind == "constant" and isinstance(n.value, torch.Tensor) and n.value.numel() == 1:
+        return n.value.item()
+    if n.kind == "call" and n.target is aten.scalar_tensor.default and isinstance(n.args[0], (int, float, bool)):
+        return n.args[0]
+    return None
+
+
+def _evaluated_pad(node, inputs, d: int, rank: int):
+    """`_pad_value` by running the op on the inputs' values at the padded positions, where they are all known."""
     choices = []
     order = [n for n, _ in inputs]
     compared_rows = node.target in _COMPARISONS and all(isinstance(st, Row) and st.index for _, st in inputs)
@@ -251,8 +280,8 @@ def _pad_value(node, inputs, d: int, rank: int):
             choices.append([value] if value is not None else None)
         elif compared_rows:
             choices.append([0])
-        elif n.kind == "constant" and isinstance(n.value, torch.Tensor) and n.value.numel() == 1:
-            choices.append([n.value.item()])
+        elif _scalar_value(n) is not None:
+            choices.append([_scalar_value(n)])
         elif dtype == torch.bool:
             choices.append([False, True])
         else:
@@ -261,9 +290,9 @@ def _pad_value(node, inputs, d: int, rank: int):
             return None
     results = set()
     for combo in itertools.product(*choices):
-        values = dict(zip((id(n) for n in order), (torch.tensor(v, dtype=n.meta.dtype) for n, v in zip(order, combo))))
-        args = map_nodes(node.args, lambda n: values[id(n)])
         try:
+            values = {id(n): torch.tensor(v, dtype=n.meta.dtype) for n, v in zip(order, combo)}
+            args = map_nodes(node.args, lambda n: values[id(n)])
             out = node.target(*args, **node.kwargs)
         except Exception:  # noqa: BLE001 - an op that will not run on scalars: its pad is not known
             return None
@@ -434,6 +463,12 @@ def _expand(node, states, s):
     if not isinstance(st, Row):  # the same data repeated along the new size: constant per row
         return _row_of_shape(out_shape, s) or INDEP
     new = dataclasses.replace(st, dim=st.dim + len(out_shape) - len(node.args[0].meta.shape))
+    # the input has the rows in one dim only, so another dim of s in the output is a repeat of the input's values
+    grown = [d for d, x in enumerate(out_shape) if _has(x, s) and d != new.dim]
+    if len(grown) == 1 and out_shape[grown[0]] == s and out_shape[new.dim] == s and st.k == 1 and st.outer == 1:
+        # a key mask [b, 1, 1, s] repeated for every query [b, 1, s, s]: the same values along the new rows
+        dims = tuple(sorted((new.dim, grown[0])))
+        return Pair(dims, tuple(st.pad if d == new.dim else None for d in dims))
     if st.outer != 1 or _row_of_shape(out_shape, s) != new:
         raise NotRowwise(f"node %{node.name} ({node.op}) expands to {list(out_shape)}, repeating rows of {s}")
     return new
@@ -790,14 +825,11 @@ class _SymbolPlan:
 class Padder:
     """Pads inputs up to a gear and slices outputs back, for the symbols proven row-independent."""
 
-    def __init__(self, graph: Graph, symbols: list, plans: dict, output_states: list, output_metas: list,
-                 together: list | None = None):
+    def __init__(self, graph: Graph, symbols: list, plans: dict, output_states: list, output_metas: list):
         self.symbols = symbols  # GearSymbol list (dispatch key order)
         self.plans = plans  # key position -> _SymbolPlan (only paddable symbols; one plan for an axis proven together)
         self.output_states = output_states  # per output: {key position: Row or INDEP}
         self.output_metas = output_metas
-        # key positions proven only together (one gear axis the trace kept as two symbols): padded only when equal
-        self.together = [g for g in (together or []) if len(g) > 1]
 
     def can_pad(self, position: int) -> bool:
         return position in self.plans
@@ -931,8 +963,8 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
     """A Padder for the gear symbols that may be padded, and why the others may not (None if all may).
 
     Each symbol is proven alone first. Symbols that are one gear axis (equal in every gear of ``gears``) and that
-    fail alone are proven together: the graph with them as one symbol (`rename_symbols`); such a padder pads
-    them together, and only calls where they are equal."""
+    fail alone are proven together: on the graph with every such axis as one symbol (`rename_symbols`); a plan
+    proven so pads only calls whose sizes are equal on each of those axes (`_SymbolPlan.assumes`)."""
     from ..shape import rename_symbols
 
     outputs = _outputs(graph)
@@ -948,7 +980,6 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
         plans[pos] = plan
         for j, st in enumerate(states):
             output_states[j][pos] = st
-    together = []
     tied = tuple(tuple(g) for g in (tied_positions(gears, len(symbols)) if gears else []) if len(g) > 1)
     # every gear axis the trace kept as several symbols made one size: the graph the calls that pad run
     merged = rename_symbols(graph, {symbols[p].symbol: symbols[g[0]].symbol for g in tied for p in g[1:]})
@@ -967,9 +998,8 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
             refusals.pop(p, None)
             for j, st in enumerate(states):
                 output_states[j][p] = st
-        together.append(group)
     refusal = "; ".join(refusals.values()) if refusals else None
     if not plans:
         return None, refusal
     metas = [o.meta if isinstance(o, Node) else None for o in outputs]
-    return Padder(graph, symbols, plans, output_states, metas, together), refusal
+    return Padder(graph, symbols, plans, output_states, metas), refusal
