@@ -86,7 +86,7 @@ def _gear_plan(draw, case: FxCase):
     symbols = list(case.trace_sizes)
     geared = draw(st.lists(st.sampled_from(symbols), min_size=1, max_size=len(symbols), unique=True))
     policy = draw(st.sampled_from(["zip", "product"]))
-    fallback = draw(st.sampled_from(["error", "pad", "dynamic"]))
+    fallback = draw(st.sampled_from(["error", "pad", "fit", "dynamic"]))
     constraints = SizeConstraints(case.gm)
     dtypes = [s.dtype for s in case.inputs]
     combos = [dict(case.trace_sizes)]
