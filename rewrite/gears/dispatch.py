@@ -159,8 +159,8 @@ class GearDispatcher:
         seconds = predicted_seconds(list(self.table), self.latency.measured(), self._elements)
         best = None  # (predicted seconds, axis, FitPlan, {other key position: its padded size})
         for axis in self._axes:
-            if not all(self.padder.can_split(p) for p in axis):
-                continue
+            if not all(self.padder.can_split(p) for p in axis) or len({self.padder.plan_of(p) for p in axis}) > 1:
+                continue  # an axis of several symbols splits only where they were proven as one size
             # the gears that hold the call's other sizes, padded up the least where they are no gear
             rest = [p for p in range(len(key)) if p not in axis]
             fits = [g for g in self.table if all(g[p] == key[p] or (g[p] > key[p] and self.padder.can_pad(p))

@@ -152,7 +152,8 @@ class Splitter:
         for offset, rows, fn in self.runs:
             part = list(args)
             for i, d in self.inputs:
-                part[i] = args[i].narrow(d, offset, rows)
+                # contiguous, as a padded input (torch.cat) is: a gear's code may view its input as it was traced
+                part[i] = args[i].narrow(d, offset, rows).contiguous()
             for i in self.scalars:
                 part[i] = rows
             results.append(fn(*part))

@@ -187,6 +187,8 @@ def _pointwise(node, states, s):
     rank = len(node.meta.shape)
     dims = {}  # output dim -> the rows found there (outer and k must agree)
     for n, st in inputs:
+        if not isinstance(st, (Row, Pair)):
+            continue  # INDEP, a size scalar among them
         shift = rank - len(n.meta.shape)
         if isinstance(st, Row):
             dims.setdefault(st.dim + shift, set()).add(dataclasses.replace(st, dim=st.dim + shift, index=False, pad=None))
@@ -641,6 +643,8 @@ def _index(node, states, s):
             if st.k != 1 or st.outer != 1:
                 raise NotRowwise(f"node %{node.name} ({node.op}) indexes by flattened rows of {s}")
             row_dims.add(st.dim + width - len(nodes[d].meta.shape))
+    if not isinstance(x, Row) and any(isinstance(st, Row) and st.index for st in indices):
+        _MIXED.get().append(f"%{node.name} looks up a table by the row numbers of {s}")
     if isinstance(x, Row) and not (x.k == 1 and x.outer == 1 and x.dim in used and isinstance(indices[x.dim], Row)
                                    and indices[x.dim].index):
         raise NotRowwise(f"node %{node.name} ({node.op}) reads the rows of {s} by indices other than the row numbers")
@@ -802,9 +806,13 @@ def _row_states(graph: Graph, s, env: dict) -> dict:
         for v in node.kwargs.values():
             if isinstance(v, Node) and env[v.id] is not INDEP and transfer not in (_factory, _attention):
                 raise NotRowwise(f"node %{node.name} ({node.op}) takes a keyword argument depending on {s}")
+        keeps = transfer in _KEEP_VALUES and _exact_indices(node.meta)
+        if not keeps and transfer is not _index and any(st.index for st in iter_instances(states, (Row,))):
+            # a part of a split would count its rows from 0: the values differ from the whole call's
+            _MIXED.get().append(f"%{node.name} computes with the row numbers of {s}")
         try:
             result = transfer(node, states, s)
-            env[node.id] = result if transfer in _KEEP_VALUES and _exact_indices(node.meta) else _plain(result)
+            env[node.id] = result if keeps else _plain(result)
         except NotRowwise as e:
             if f"%{node.name} " in str(e):
                 raise
@@ -833,6 +841,10 @@ class Padder:
 
     def can_pad(self, position: int) -> bool:
         return position in self.plans
+
+    def plan_of(self, position: int) -> int:
+        """Which proof serves this position (positions proven as one size share one)."""
+        return id(self.plans[position])
 
     def can_split(self, position: int) -> bool:
         """Whether rows of this position run as separate parts: independent, not only with padding masked out."""
@@ -936,6 +948,21 @@ def _is(expr, s) -> bool:
     return isinstance(expr, sympy.Symbol) and expr.name == str(s)
 
 
+_VIEWING = ops.VIEWS | ops.RESHAPES | ops.ALIASES  # a reshape of a contiguous input is a view too
+
+
+def _output_viewing_an_input(graph: Graph) -> int | None:
+    """The first output that is a view of a graph input (through views only), or None. Such an output is rebuilt by
+    AOTAutograd from the caller's input with the sizes the graph gave it: a padded call's would not fit."""
+    for j, out in enumerate(_outputs(graph)):
+        node = out
+        while isinstance(node, Node) and node.kind == "call" and node.target in _VIEWING and node.args:
+            node = node.args[0]
+        if isinstance(node, Node) and node.kind == "placeholder" and node is not out:
+            return j
+    return None
+
+
 def _outputs(graph: Graph) -> list:
     outputs = graph.outputs
     return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
@@ -946,6 +973,8 @@ def _prove(graph: Graph, s):
     env, mixed = row_states_and_mixing(graph, s)
     states = []
     outputs = _outputs(graph)
+    if any(isinstance(env.get(out.id), Row) and env[out.id].index for out in outputs if isinstance(out, Node)):
+        mixed.append(f"an output holds the row numbers of {s}")
     for j, out in enumerate(outputs):
         st = env[out.id] if isinstance(out, Node) else INDEP
         if isinstance(out, Node) and isinstance(out.meta, TensorMeta) and not isinstance(st, Row) and st is not INDEP:
@@ -968,6 +997,9 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
     from ..shape import rename_symbols
 
     outputs = _outputs(graph)
+    aliased = _output_viewing_an_input(graph)
+    if aliased is not None:  # AOTAutograd rebuilds such an output from the caller's own tensor, at the gear's size
+        return None, f"output {aliased} is a view of an input: torch rebuilds it from the caller's tensor"
     plans, refusals = {}, {}
     output_states = [dict() for _ in outputs]
     for pos, gs in enumerate(symbols):
