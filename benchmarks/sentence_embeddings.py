@@ -21,6 +21,8 @@ contender compiled after another would otherwise start from the other's dynamic 
 * ``rewrite gears``: batch x sequence gears (docs/serving_sentence_embeddings.md): the sequence gears planned by
   ``rewrite.gears.plan_gears`` (at most 4) from the padded lengths of the corpus's own batches, the batch gears
   the batch sizes ``encode()`` makes; ``gear_fallback="fit"`` (``dynamic_gears_merge_policy="product"``);
+* ``rewrite gears frozen``: the same with frozen weights (``experimental_config.frozen_parameter``: oneDNN's packed
+  linear where the cost model picks it) and up to 8 sequence gears;
 * ``st onnx``, ``st openvino``: ``SentenceTransformer(..., backend="onnx" / "openvino")``, exported from the
   local weights (into a temporary copy of the model folder). These need sentence-transformers' ``[onnx]`` /
   ``[openvino]`` extras (optimum-onnx, optimum-intel); where those are missing the row says why;
@@ -62,7 +64,7 @@ import rewrite  # noqa: E402
 from rewrite.models import minilm_path  # noqa: E402
 
 CONTENDERS = ["eager", "inductor", "inductor dynamic", "inductor dyn freezing", "rewrite", "rewrite dynamic",
-              "rewrite gears", "st onnx", "st openvino", "onnxruntime", "openvino"]
+              "rewrite gears", "rewrite gears frozen", "st onnx", "st openvino", "onnxruntime", "openvino"]
 TORCH_COMPILED = {  # name -> model.compile(...) arguments
     "inductor": {},
     "inductor dynamic": {"dynamic": True},
@@ -164,16 +166,17 @@ def _batches(model, sentences: list, batch_size: int) -> list:
     return [(len(c), model.preprocess(c)["input_ids"].shape[1]) for c in chunks]
 
 
-def _geared(folder: str, sentences: list, batch_size: int):
-    """The ``rewrite gears`` contender: batch x sequence gears planned from the corpus's own batches."""
+def _geared(folder: str, sentences: list, batch_size: int, frozen: bool = False):
+    """The ``rewrite gears`` contenders: batch x sequence gears planned from the corpus's own batches."""
     from rewrite.inference import set_dim_gears
 
-    model = _own_code(load(folder), "rewrite gears")
+    model = _own_code(load(folder), "rewrite gears frozen" if frozen else "rewrite gears")
     shapes = _batches(model, sentences, batch_size)
-    seq_gears = rewrite.gears.plan_gears([n for _, n in shapes], max_gears=4).gears
+    seq_gears = rewrite.gears.plan_gears([n for _, n in shapes], max_gears=8 if frozen else 4).gears
     batch_gears = sorted({b for b, _ in shapes})
     config = rewrite.CompilerConfig(**{"inference_config.dynamic_gears_merge_policy": "product",
-                                       "inference_config.gear_fallback": "fit"})
+                                       "inference_config.gear_fallback": "fit",
+                                       "experimental_config.frozen_parameter": frozen})
     model.compile(backend=rewrite.get_backend(config))
     with torch.inference_mode():  # as encode() runs
         features = model.preprocess(sorted(sentences, key=len, reverse=True)[:batch_size])
@@ -181,7 +184,7 @@ def _geared(folder: str, sentences: list, batch_size: int):
             if name in features:
                 set_dim_gears(features[name], {0: batch_gears, 1: seq_gears})
         model(features)
-    print(f"  rewrite gears: batch {batch_gears} x sequence {seq_gears}")
+    print(f"  rewrite gears{' frozen' if frozen else ''}: batch {batch_gears} x sequence {seq_gears}")
     return model
 
 
@@ -189,8 +192,8 @@ def make(name: str, folder: str, work: str, sentences: list = (), batch_size: in
     """The SentenceTransformer of contender ``name``; `Skip` where it cannot run here."""
     if name == "eager":
         return load(folder)
-    if name == "rewrite gears":
-        return _geared(folder, list(sentences), batch_size)
+    if name in ("rewrite gears", "rewrite gears frozen"):
+        return _geared(folder, list(sentences), batch_size, frozen=name.endswith("frozen"))
     if name in TORCH_COMPILED:
         model = _own_code(load(folder), name)
         model.compile(**TORCH_COMPILED[name])
@@ -308,7 +311,7 @@ def main(argv=None) -> int:
     print()
     print(table)
     for name, (model, _) in models.items():
-        if TORCH_COMPILED.get(name, {}).get("backend") == "rewrite" or name == "rewrite gears":
+        if TORCH_COMPILED.get(name, {}).get("backend") == "rewrite" or name.startswith("rewrite gears"):
             print(f"\nrewrite.stats, {name}: " + str(rewrite.stats(model)).replace("\n", "\n  "))
     if args.smoke:
         print("\n(--smoke: a tiny run that proves the script works; its times mean nothing)")
