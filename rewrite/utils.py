@@ -5,7 +5,7 @@ import threading
 
 import torch
 
-__all__ = ["THREAD_COUNT_LOCK", "set_this_thread_intra_op_threads"]
+__all__ = ["THREAD_COUNT_LOCK", "set_this_thread_intra_op_threads", "connected_groups"]
 
 # Held by every rewrite code path that changes torch's intra-op thread count (calibration, stream
 # workers), around `set_this_thread_intra_op_threads`. torch.set_num_threads in any thread also sets
@@ -36,3 +36,22 @@ def set_this_thread_intra_op_threads(n: int) -> None:
     torch.get_num_threads()  # this thread's lazy first-use setup now: later, it would undo ours
     torch.set_num_threads(n)
     _in_fresh_thread(torch.set_num_threads, process_count)
+
+
+def connected_groups(items, links) -> list[list]:
+    """``items`` grouped so that the two ends of every pair in ``links`` share a group (transitively): union-find.
+    Groups come in the order of their first item, their members in the order of ``items``."""
+    parent = {x: x for x in items}
+
+    def root(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]  # path halving
+            x = parent[x]
+        return x
+
+    for a, b in links:
+        parent[root(b)] = root(a)
+    groups: dict = {}
+    for x in parent:
+        groups.setdefault(root(x), []).append(x)
+    return list(groups.values())

@@ -37,6 +37,12 @@ class GearSymbol:
         return lambda args: args[i].shape[d]
 
 
+# The fix each slow path of a call no gear serves names (rewrite.ledger)
+_ADD_A_GEAR = "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)"
+_FIXES = {"pads": _ADD_A_GEAR, "splits": _ADD_A_GEAR,
+          "dynamic_fallbacks": "add a gear for this size, or gear_fallback='pad' to run the nearest larger gear"}
+
+
 class GearDispatcher:
     """The callable a geared graph compiles to: ``fn(*inputs) -> outputs``."""
 
@@ -98,11 +104,7 @@ class GearDispatcher:
             self._forget_stale_decisions()
         kind, fn, padded, message = self._misses.get(key) or self._miss(key)
         if self.ledger is not None:
-            fixes = {"pads": "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)",
-                     "splits": "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)",
-                     "dynamic_fallbacks": "add a gear for this size, or gear_fallback='pad' to run the nearest "
-                                          "larger gear"}
-            self.ledger.slow(kind, message, fixes[kind], padded_rows=padded)
+            self.ledger.slow(kind, message, _FIXES[kind], padded_rows=padded)
         return fn(*args)
 
     def _forget_stale_decisions(self) -> None:

@@ -217,16 +217,15 @@ _PRODUCTS = frozenset({aten.mul.Tensor})
 _COMPARISONS = {aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor}
 
 
-def _pad_along(n, st, d: int, rank: int):
-    """What input ``n`` (state ``st``) holds at the padded positions of output dim ``d``, when known."""
-    if not isinstance(n.meta, TensorMeta):
-        return None
+def _along(n, st, d: int, rank: int) -> tuple[bool, object]:
+    """Whether input ``n`` (state ``st``) has rows on output dim ``d`` of a rank-``rank`` broadcast, and the value it
+    holds at their padded positions (None: not known)."""
     shift = rank - len(n.meta.shape)
     if isinstance(st, Row) and st.dim + shift == d:
-        return st.pad
+        return True, st.pad
     if isinstance(st, Pair) and d - shift in st.dims:
-        return st.pad_of(d - shift)
-    return None
+        return True, st.pad_of(d - shift)
+    return False, None
 
 
 def _pad_value(node, inputs, d: int, rank: int):
@@ -235,8 +234,8 @@ def _pad_value(node, inputs, d: int, rank: int):
     bool input not padded along ``d`` may hold either value (the result must be the same for both); two row-number
     inputs compared take 0 (real) and 1 (padded). None when not known."""
     value = _evaluated_pad(node, inputs, d, rank)
-    if value is None and node.target in _PRODUCTS and any(_pad_along(n, st, d, rank) == 0 for n, st in inputs) \
-            and _finite_operands(node):
+    if value is None and node.target in _PRODUCTS and _finite_operands(node) and any(
+            isinstance(n.meta, TensorMeta) and _along(n, st, d, rank) == (True, 0) for n, st in inputs):
         return 0  # 0 times what the model computed for a padding token (finite), or a finite constant
     return value
 
@@ -272,19 +271,15 @@ def _evaluated_pad(node, inputs, d: int, rank: int):
     for n, st in inputs:
         if not isinstance(n.meta, TensorMeta):
             return None
-        shift = rank - len(n.meta.shape)
-        dtype = n.meta.dtype
-        if isinstance(st, Row) and st.dim + shift == d:
-            value = 1 if compared_rows else st.pad
-            choices.append([value] if value is not None else None)
-        elif isinstance(st, Pair) and d - shift in st.dims:
-            value = st.pad_of(d - shift)
+        on_d, pad = _along(n, st, d, rank)
+        if on_d:
+            value = 1 if compared_rows else pad
             choices.append([value] if value is not None else None)
         elif compared_rows:
             choices.append([0])
         elif _scalar_value(n) is not None:
             choices.append([_scalar_value(n)])
-        elif dtype == torch.bool:
+        elif n.meta.dtype == torch.bool:
             choices.append([False, True])
         else:
             choices.append(None)
@@ -752,7 +747,7 @@ def _touches(meta, s) -> bool:
 
 
 # Transfers that know a `Pair` (a value with rows in two dims); any other op that reads one stops the proof.
-_KNOW_PAIRS = frozenset({"_pointwise", "_expand", "_unsqueeze", "_identity", "_attention", "_getitem"})
+_KNOW_PAIRS = frozenset({_pointwise, _expand, _unsqueeze, _identity, _attention, _getitem})
 
 
 def row_states(graph: Graph, s) -> dict:
@@ -801,7 +796,7 @@ def _row_states(graph: Graph, s, env: dict) -> dict:
         transfer = _transfer_for(node)
         if transfer is None:
             raise NotRowwise(f"node %{node.name} ({node.op}) is not known to keep the rows of {s} independent")
-        if transfer.__name__ not in _KNOW_PAIRS and any(True for _ in iter_instances(states, (Pair,))):
+        if transfer not in _KNOW_PAIRS and any(True for _ in iter_instances(states, (Pair,))):
             raise NotRowwise(f"node %{node.name} ({node.op}) reads a value with the rows of {s} in two dims")
         for v in node.kwargs.values():
             if isinstance(v, Node) and env[v.id] is not INDEP and transfer not in (_factory, _attention):

@@ -26,6 +26,7 @@ import weakref
 import torch
 
 from ..fx_bridge import argument_path, dynamo_input_names
+from ..utils import connected_groups
 
 log = logging.getLogger("rewrite")
 
@@ -302,26 +303,16 @@ def gear_axes(inputs: list[InputGears], symbols: dict | None = None) -> list[tup
     symbols = symbols or {}
     keys = [(i.index, d) for i in inputs for d in sorted(i.dims)]
     info = {(i.index, d): (i, d) for i in inputs for d in i.dims}
-    parent = {k: k for k in keys}
 
-    def root(k):
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for a, b in itertools.combinations(keys, 2):
+    def one_size(a, b) -> bool:
         (ia, da), (ib, db) = info[a], info[b]
         same_symbol = symbols.get(a) is not None and symbols.get(a) == symbols.get(b)
         declared_alike = (ia.index != ib.index and da == db and ia.dims[da] == ib.dims[db]
                           and da < len(ia.shape) and db < len(ib.shape) and ia.shape[da] == ib.shape[db])
-        if same_symbol or declared_alike:
-            parent[root(b)] = root(a)
-    axes: dict = {}
-    for k in keys:
-        axes.setdefault(root(k), []).append(k)
+        return same_symbol or declared_alike
+
     out = []
-    for members in axes.values():
+    for members in connected_groups(keys, [(a, b) for a, b in itertools.combinations(keys, 2) if one_size(a, b)]):
         values = list(dict.fromkeys(info[members[0]][0].dims[info[members[0]][1]]))
         for k in members[1:]:
             i, d = info[k]
@@ -356,28 +347,25 @@ def _distinct(gears) -> list[dict]:
 def collect_gear_specs(example_inputs, config, gm=None) -> GearSpec | None:
     """The gears recorded on the example inputs by `set_dim_gears`, merged; else gears made from the ranges the
     user declared (`mark_dynamic(min=, max=)`, ``shapes_spec``: `rewrite.gears.declared`); None when there are none."""
+    from .declared import declared_dims
+
     _note_marks_read(example_inputs)
     names = dynamo_input_names(gm, len(example_inputs))
-    _refuse_sizes_outside_shape_vars(example_inputs, gm, names)
+    declared = declared_dims(gm, example_inputs)
+    _refuse_sizes_outside_shape_vars(declared, example_inputs, names)
     inputs = [InputGears(i, names[i], get_dim_gears(x), tuple(x.shape))
               for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and get_dim_gears(x)]
     if not inputs:
-        return _declared_gear_spec(example_inputs, config, gm, names)
+        return _declared_gear_spec(declared, example_inputs, config, gm, names)
     policy = config.inference_config.dynamic_gears_merge_policy
     example = {(i.index, d): i.shape[d] for i in inputs for d in i.dims}
     symbols = {(i.index, d): _size_symbol(gm, example_inputs, i.index, d) for i in inputs for d in i.dims}
     return GearSpec(tuple(inputs), tuple(merge_gears(inputs, policy, symbols)), policy, example)
 
 
-def _refuse_sizes_outside_shape_vars(example_inputs, gm, names) -> None:
+def _refuse_sizes_outside_shape_vars(declared_dims: dict, example_inputs, names) -> None:
     """Raise `OutsideDeclaredRange` when the call being traced has a size outside its ShapeVar's range."""
-    from .declared import declared_dims
-
-    from ..torch_compat import dynamo_shapes_spec
-
-    if dynamo_shapes_spec() is None:
-        return
-    for (i, d), declared in sorted(declared_dims(gm, example_inputs).items()):
+    for (i, d), declared in sorted(declared_dims.items()):
         size = example_inputs[i].shape[d]
         if declared.var is not None and isinstance(size, int) and not declared.contains(size):
             raise OutsideDeclaredRange(
@@ -386,7 +374,7 @@ def _refuse_sizes_outside_shape_vars(example_inputs, gm, names) -> None:
                 f"{'oo' if declared.upper is None else declared.upper}] or widen the ShapeVar's range")
 
 
-def _declared_gear_spec(example_inputs, config, gm, names) -> GearSpec | None:
+def _declared_gear_spec(declared: dict, example_inputs, config, gm, names) -> GearSpec | None:
     """Gears for the declared dims, one gear axis per size. Dims Dynamo traced with one size symbol (a model's
     input_ids and attention_mask batch, when the model broadcasts one against the other) are one group: one size in
     every gear. With ``dynamic_gears_merge_policy`` "zip" (the default), groups declared with the same range (the
@@ -394,9 +382,8 @@ def _declared_gear_spec(example_inputs, config, gm, names) -> GearSpec | None:
     gears together. Axes combine as every combination of their gears (batch x sequence); under "product" every
     group is an axis of its own. ``declared_gears`` gives one list for every dim, or a list per axis
     (`declared_gears_for`)."""
-    from .declared import LADDER_GEARS, declared_dims, declared_gears_for, ladder
+    from .declared import LADDER_GEARS, declared_gears_for, ladder
 
-    declared = declared_dims(gm, example_inputs)
     if not declared:
         return None
     groups: dict = {}  # size symbol (or the dim itself) -> [(input index, dim), ...]

@@ -35,6 +35,7 @@ from .. import ops
 from ..boundary import views_as_reshapes
 from ..cost import CONVOLUTION_PARAMS, op_cost
 from ..ir import Graph, Node, TensorMeta, map_nodes
+from ..utils import connected_groups
 
 log = logging.getLogger("rewrite")
 
@@ -130,25 +131,10 @@ def _permuted_nhwc(n: Node) -> bool:
 
 def _regions(graph: Graph, channels_last: set, candidates: dict) -> list[set[int]]:
     """The channels-last values grouped into connected regions (union-find over their data edges)."""
-    parent = {i: i for i in channels_last}
-
-    def root(i):
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for n in graph.nodes:
-        if n.id not in channels_last:
-            continue
-        reads = [n.args[0]] if n.id in candidates else n.inputs
-        for t in reads:
-            if isinstance(t, Node) and t.id in channels_last:
-                parent[root(t.id)] = root(n.id)
-    groups: dict[int, set[int]] = {}
-    for i in channels_last:
-        groups.setdefault(root(i), set()).add(i)
-    return list(groups.values())
+    links = [(n.id, t.id) for n in graph.nodes if n.id in channels_last
+             for t in ([n.args[0]] if n.id in candidates else n.inputs)
+             if isinstance(t, Node) and t.id in channels_last]
+    return [set(group) for group in connected_groups(channels_last, links)]
 
 
 def _border_copies(by_id: dict, region: set, candidates: dict, channels_last: set, copied_back: list) -> float:
