@@ -20,7 +20,9 @@ contender compiled after another would otherwise start from the other's dynamic 
 * ``rewrite dynamic``: ``model.compile(backend="rewrite", dynamic=True)``;
 * ``rewrite gears``: batch x sequence gears (docs/serving_sentence_embeddings.md): the sequence gears planned by
   ``rewrite.gears.plan_gears`` (at most 4) from the padded lengths of the corpus's own batches, the batch gears
-  the batch sizes ``encode()`` makes; ``gear_fallback="fit"`` (``dynamic_gears_merge_policy="product"``);
+  the batch sizes ``encode()`` makes; ``gear_fallback="fit"`` (``dynamic_gears_merge_policy="product"``), weights not
+  frozen (``experimental_config.frozen_parameter = False``; ``rewrite`` and ``rewrite dynamic`` run rewrite's
+  default, frozen inference weights);
 * ``rewrite gears frozen``: the same with frozen weights (``experimental_config.frozen_parameter``: oneDNN's packed
   linear where the cost model picks it) and up to 8 sequence gears;
 * ``st onnx``, ``st openvino``: ``SentenceTransformer(..., backend="onnx" / "openvino")``, exported from the

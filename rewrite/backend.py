@@ -27,6 +27,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import exec as rexec
 from . import gears as rgears
 from .config import CompilerConfig, ConfigError
+from .frozen import FrozenGraph
 from .fx_bridge import dynamo_input_names
 from .gears.graphs import GearFunctions, dynamo_code, recompile_reasons
 from .ir import Graph
@@ -145,6 +146,9 @@ class RewriteBackend:
             # passes (folding) compute with, so compile outside it.
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
                 compiled = self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec, aot_inputs)
+            if frozen:  # a call with changed weights compiles the graph again with them (rewrite.frozen)
+                compiled = _refrozen_when_changed(compiled, frozen, fw, lambda new: self.compile_graph(
+                    aot_gm, fw.name, fw, new, gear_spec, aot_inputs).__rewrite_fn__)
             inner = getattr(compiled, "__rewrite_fn__", None)
             if kind == "inference" and same_inputs and flat is None and inner is not None:
                 direct["fn"] = rexec.direct_call(inner, example_inputs)
@@ -244,6 +248,14 @@ class RewriteBackend:
 
     def on_optimized(self, graph: Graph, unit: CompileUnit, frozen: dict, gear_spec) -> None:
         """Hook called with each optimized graph before it is built; rewrite.export captures graphs here."""
+
+
+def _refrozen_when_changed(compiled, frozen: dict, unit: CompileUnit, rebuild):
+    """``compiled`` (boxed) checking, on each call, that its frozen weights are unchanged (`rewrite.frozen`)."""
+    checked = FrozenGraph(compiled.__rewrite_fn__, frozen, rebuild, unit.ledger, unit.name)
+    boxed = make_boxed_func(checked)
+    boxed.__rewrite_fn__ = checked
+    return boxed
 
 
 def _static_address_inputs(gm: torch.fx.GraphModule) -> list[int]:

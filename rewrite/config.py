@@ -323,9 +323,11 @@ class AclgraphExperimentalConfig(_Section):
 
 
 class ExperimentalConfig(_Section):
-    # Treat parameters and buffers of an inference graph as constants (they may then be folded).
-    # Off by default: a frozen graph does not see later in-place updates of the weights.
-    frozen_parameter = _Typed(False, bool)
+    # Treat parameters and buffers of an inference graph (one compiled under torch.no_grad, or whose weights need no
+    # grad) as constants, which folding and oneDNN's packed GEMMs then use. On by default: MiniLM's static graphs take
+    # 0.45x of the time with them (benchmarks/RESULTS.md), and a call whose weights changed since (an in-place
+    # write, load_state_dict, p.data = ...) compiles the graph again with the new values, counted (rewrite.frozen).
+    frozen_parameter = _Typed(True, bool)
     aclgraph = AclgraphExperimentalConfig
 
 

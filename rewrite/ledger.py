@@ -17,6 +17,7 @@ Here each of them is a line in the function's `Ledger`:
 ``tier_up_pending``     calls past the cold calls that still ran the ATen code: the hot build was not ready
 ``aten_fallbacks``      ops of a planned graph that run ATen code where a static kernel was built for them
                         and could not be used
+``refreezes``           graphs compiled again because weights frozen into them changed (`rewrite.frozen`)
 ======================  =============================================================================
 
 ``gears`` counts the calls each gear served. `rewrite.stats(compiled)` returns a snapshot (`Stats`);
@@ -43,6 +44,7 @@ SLOW_PATHS = {
     "tier_up_refused": "a static graph will not tier up",
     "tier_up_pending": "a call ran the ATen code because the graph's tier-up build was not ready",
     "aten_fallbacks": "an op ran ATen code where a static kernel was expected",
+    "refreezes": "frozen weights changed, and their graph was compiled again",
 }
 MAX_EVENTS = 64  # explanations kept per function (the counts keep counting)
 
@@ -69,6 +71,7 @@ class Stats:
     tier_up_refused: int = 0
     tier_up_pending: int = 0
     aten_fallbacks: int = 0
+    refreezes: int = 0
     gears: dict = dataclasses.field(default_factory=dict)  # gear key -> calls it served
     events: tuple = ()  # (kind, message) of the first slow paths, oldest first
 
@@ -81,7 +84,10 @@ class Stats:
         lines = [f"slow paths: {counts or 'none'}" + (f" (padded rows {self.padded_rows})" if self.padded_rows else "")]
         if self.gears:
             lines.append("calls per gear: " + ", ".join(f"{k}: {v}" for k, v in self.gears.items()))
-        lines += [f"  {kind}: {msg}" for kind, msg in self.events]
+        said: dict = {}  # one line per distinct event, with how often it was kept
+        for event in self.events:
+            said[event] = said.get(event, 0) + 1
+        lines += [f"  {kind}: {msg}" + (f" ({n} times)" if n > 1 else "") for (kind, msg), n in said.items()]
         return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import rewrite
 import rewrite.compat.torchair as torchair
 
 _lib = torch.library.Library("rewrite_compat_test", "DEF")
@@ -37,11 +38,14 @@ def test_get_npu_backend_accepts_options():
     get_npu_backend backend and is read with npugraph_ex's option names."""
     backend = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
     model = torch.nn.Linear(4, 4).eval()
-    compiled = torch.compile(model, backend=backend, options={"frozen_parameter": True}, fullgraph=True)
+    compiled = torch.compile(model, backend=backend, options={"frozen_parameter": False}, fullgraph=True)
     x = torch.randn(2, 4)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
-    assert backend.config.experimental_config.frozen_parameter is False  # options apply to that compile only
+        model.weight.add_(1)  # not frozen in this compile: the next call sees the change without compiling again
+        torch.testing.assert_close(compiled(x), model(x))
+    assert rewrite.stats(compiled).refreezes == 0
+    assert backend.config.experimental_config.frozen_parameter is True  # options apply to that compile only
 
 
 def test_get_npu_backend_rejects_unknown_option():
