@@ -402,3 +402,35 @@ def test_batch_by_sequence_gears_pad_and_split_and_keep_every_real_token(name):
     # largest batch: split (4 + 2 + 1 or 4 + 4), each part padded to sequence 12
     assert stats.pads + stats.splits == 3 and stats.splits >= 1 and stats.dynamic_fallbacks == 0, stats
     assert any("ran as gears 4 + " in message for _, message in stats.events), stats
+
+
+def test_a_decoder_prefill_that_returns_its_kv_cache_pads_its_sequence():
+    """A decoder called as generate's prefill is (use_cache on): its keys are concatenated to an empty cache along the
+    sequence, which adds nothing, so the sequence still pads; every real token's hidden state and cached key and value
+    equal eager's, and the cache comes back at the request's own length."""
+    model = rewrite.models.gpt2()
+    assert model.config.use_cache
+    served, backend = compile_with(model, **{"inference_config.dynamic_gears_merge_policy": "product",
+                                            "inference_config.gear_fallback": "pad"})
+    first = _request(4, 12, 0, left=False)
+    for t in first.values():
+        rewrite.inference.set_dim_gears(t, {0: [2, 4], 1: [6, 12]})
+    with torch.no_grad():
+        served(**first)
+        request = _request(3, 9, 1, left=False)
+        got, want = served(**request), model(**request)
+    real = request["attention_mask"].bool()
+    torch.testing.assert_close(got.last_hidden_state[real], want.last_hidden_state[real], **TOL)
+    for (k, v), (k0, v0) in zip(_layers(got.past_key_values), _layers(want.past_key_values)):
+        assert k.shape == k0.shape and v.shape == v0.shape, (k.shape, k0.shape)
+        keys = real[:, None, :, None].expand_as(k0)  # [batch, heads, sequence, head dim]: the real positions
+        torch.testing.assert_close(k[keys], k0[keys], **TOL)
+        torch.testing.assert_close(v[keys], v0[keys], **TOL)
+    assert rewrite.stats(served).pads == 1, rewrite.stats(served)
+
+
+def _layers(cache) -> list:
+    """(keys, values) per layer of a transformers cache (its layers' attributes, or the legacy tuple form)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(k, v) for k, v in cache]

@@ -578,13 +578,22 @@ def _gather(node, states, s):
 
 def _cat(node, states, s):
     tensors = [n for n in node.args[0]]
-    rows = [st for n, st in zip(tensors, states[0]) if not _empty_1d(n)]
+    dim = _norm(_bound(node)["dim"], len(node.meta.shape))
+    # parts with nothing along ``dim`` add nothing: a legacy empty 1-D tensor, or an empty KV cache that a prefill
+    # concatenates its keys to
+    rows = [st for n, st in zip(tensors, states[0]) if not _empty_1d(n) and not _empty_along(n, dim)]
     if not any(isinstance(st, Row) for st in rows):
         return INDEP
-    dim = _norm(_bound(node)["dim"], len(node.meta.shape))
+    if len(rows) == 1:  # the only part with elements: the result is that part
+        return rows[0]
     if len(set(rows)) != 1 or rows[0].dim == dim:
         raise NotRowwise(f"node %{node.name} ({node.op}) concatenates across or mixes the rows of {s}")
     return dataclasses.replace(rows[0], index=all(st.index for st in rows), pad=None)  # row numbers only if every part holds them
+
+
+def _empty_along(n: Node, dim: int) -> bool:
+    shape = tuple(n.meta.shape) if isinstance(n.meta, TensorMeta) else ()
+    return dim < len(shape) and isinstance(shape[dim], int) and shape[dim] == 0
 
 
 def _empty_1d(n: Node) -> bool:
