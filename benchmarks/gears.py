@@ -41,6 +41,7 @@ from _results import OUT_DIR, cold_caches, machine_line, markdown_table, record_
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
 from rewrite.demo import with_own_code  # noqa: E402
+from gears_tokens import TOKEN_CONTENDERS, token_traffic_main  # noqa: E402
 
 SCENARIOS = {
     "batch": dict(dim=0, gears=[1, 2, 4, 8, 16], fixed=32, label="batch (seq 32)"),
@@ -224,10 +225,12 @@ def plot(results, combos, contenders):
 
 TRAFFIC_DOC = """Gears vs dynamic for a serving user: a model served over a stream of requests.
 
-    python benchmarks/gears.py --traffic [--quick] [--traces zipf recorded] [--model minilm] [--seq 16]
+    python benchmarks/gears.py --traffic [--quick] [--traces zipf recorded sentences prefill] [--model minilm] [--seq 16]
                                [--requests 4000] [--max-batch 64] [--contenders ...] [--threads N]
 
-Each request is one batch of ``--seq`` tokens; its batch size comes from a trace:
+The traces ``sentences`` and ``prefill`` are batch x sequence traffic (an encoder serving sentences, a decoder's
+prefill), run by benchmarks/gears_tokens.py (its docstring says how). On the traces ``zipf`` and ``recorded``,
+each request is one batch of ``--seq`` tokens; its batch size comes from the trace:
 
 * ``zipf``: sizes 1..max-batch drawn independently with P(k) proportional to 1/k (Zipf, exponent 1):
   a fifth of the requests are batch 1, few are large;
@@ -246,10 +249,13 @@ then served interleaved: every chunk of 50 requests is served by each contender 
 the ratios are side by side and a slow stretch of the machine falls on all alike):
 
 * ``eager``: the model as it is (reference);
-* ``planned gears``: rewrite with the planned gears, ``gear_fallback="pad"`` (default mode, aten kernels);
+* ``planned gears``: rewrite with the planned gears, ``gear_fallback="pad"`` (rewrite's defaults otherwise: frozen
+  inference weights, tier-up);
 * ``pow2 ladder``: the same with the gears 1, 2, 4, ... up to the largest size (what vLLM-style ladders capture);
 * ``inductor dynamic``: ``torch.compile(dynamic=True)`` (one symbolic graph; Dynamo specializes batch 1);
-* ``inductor per size``: ``torch.compile(dynamic=False)``, one compile per distinct batch size.
+* ``inductor dynamic frozen``: the same with ``freezing`` and ``cpp_wrapper`` (Inductor's best CPU inference setting);
+* ``inductor per size``: ``torch.compile(dynamic=False)``, one compile per distinct batch size;
+* ``openvino``: OpenVINO's ``torch.compile`` backend, one model per batch size, float32 (gears_tokens.build).
 
 Each contender is built and then called ``exec.tier_up_calls + 2`` times at every distinct size of the
 served half (compiles and tier-ups happen here, as at a server's start), and its output is checked against
@@ -263,8 +269,10 @@ just before: ``VmHWM`` reset through ``/proc/self/clear_refs``), and the number 
 ``--quick`` runs a tiny model over a short trace, to check the run works: its timings mean nothing.
 """
 
-TRAFFIC_CONTENDERS = ["eager", "planned gears", "pow2 ladder", "inductor dynamic", "inductor per size"]
+TRAFFIC_CONTENDERS = ["eager", "planned gears", "pow2 ladder", "inductor dynamic", "inductor dynamic frozen",
+                      "inductor per size", "openvino"]
 TRAFFIC_TRACES = ["zipf", "recorded"]
+TOKEN_TRACES = ["sentences", "prefill"]  # batch x sequence traffic: benchmarks/gears_tokens.py
 
 
 def traffic_trace(name: str, n: int, max_batch: int, seed: int = 0) -> list[int]:
@@ -353,8 +361,15 @@ def _build_contender(contender: str, tag: str, model, gears, first_input):
         return fn
     if contender == "inductor dynamic":
         return torch.compile(call, backend="inductor", fullgraph=True, dynamic=True)
+    if contender == "inductor dynamic frozen":  # Inductor's best CPU inference setting
+        return torch.compile(call, backend="inductor", fullgraph=True, dynamic=True,
+                             options={"freezing": True, "cpp_wrapper": True})
     if contender == "inductor per size":
         return torch.compile(call, backend="inductor", fullgraph=True, dynamic=False)
+    if contender == "openvino":
+        from gears_tokens import build as build_token_contender
+
+        return build_token_contender("openvino", tag, model, {}, {}, "")
     raise ValueError(contender)
 
 
@@ -448,12 +463,15 @@ def traffic_main():
     parser = argparse.ArgumentParser(description=TRAFFIC_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traffic", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a tiny model over a short trace: checks the run works")
-    parser.add_argument("--traces", nargs="+", default=TRAFFIC_TRACES, choices=TRAFFIC_TRACES)
+    parser.add_argument("--traces", nargs="+", default=TRAFFIC_TRACES + TOKEN_TRACES,
+                        choices=TRAFFIC_TRACES + TOKEN_TRACES)
     parser.add_argument("--model", default=None, choices=["minilm", "gpt2", "bert"])
     parser.add_argument("--seq", type=int, default=None)
     parser.add_argument("--requests", type=int, default=None, help="requests per trace (half planned, half served)")
     parser.add_argument("--max-batch", type=int, default=None)
-    parser.add_argument("--contenders", nargs="+", default=TRAFFIC_CONTENDERS, choices=TRAFFIC_CONTENDERS)
+    parser.add_argument("--contenders", nargs="+", default=TRAFFIC_CONTENDERS + TOKEN_CONTENDERS,
+                        choices=sorted(set(TRAFFIC_CONTENDERS + TOKEN_CONTENDERS)),
+                        help="each trace runs those of these it knows (the token traces: gears_tokens.TOKEN_CONTENDERS)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-waste", type=float, default=None,
                         help="the plan's bound on padded work (default 0.10); a run with it is not recorded")
@@ -466,8 +484,13 @@ def traffic_main():
     if opts.threads:
         torch.set_num_threads(opts.threads)
     torch._inductor.config.fx_graph_cache = False
+    tokens = [t for t in opts.traces if t in TOKEN_TRACES]
+    if tokens:
+        token_traffic_main(tokens, opts.requests, opts.contenders, opts.threads, quick,
+                           ("python benchmarks/gears.py " + " ".join(sys.argv[1:])).strip())
+    opts.contenders = [c for c in opts.contenders if c in TRAFFIC_CONTENDERS]
     results, done = {}, []
-    for trace in opts.traces:
+    for trace in (t for t in opts.traces if t in TRAFFIC_TRACES):
         sizes = traffic_trace(trace, n, max_batch, seed=0)
         first, second = sizes[: n // 2], sizes[n // 2:]
         print(f"[{trace}] recording {len(first)} requests through rewrite dynamic=True and planning ...", flush=True)
@@ -568,7 +591,7 @@ def traffic_verdict(rows, info) -> str:
     lines = [f"- planned gears vs pow2 ladder: {plan['throughput'] / ladder['throughput']:.2f}x the throughput "
              f"(target > 1), padded time {_served_waste(info, plan):.1%} vs {_served_waste(info, ladder):.1%} "
              f"(target <= 10% where the ladder wastes more), padded rows {plan['padded']:.1%} vs {ladder['padded']:.1%}"]
-    for c in ("inductor dynamic", "inductor per size"):
+    for c in ("inductor dynamic", "inductor dynamic frozen", "inductor per size", "openvino"):
         r = rows.get(c)
         if r is not None:
             lines.append(f"- planned gears vs {c}: {plan['throughput'] / r['throughput']:.2f}x the throughput, "
