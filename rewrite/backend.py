@@ -148,7 +148,7 @@ class RewriteBackend:
                 compiled = self.compile_graph(aot_gm, fw.name, fw, frozen, gear_spec, aot_inputs)
             if frozen:  # a call with changed weights compiles the graph again with them (rewrite.frozen)
                 compiled = _refrozen_when_changed(compiled, frozen, fw, lambda new: self.compile_graph(
-                    aot_gm, fw.name, fw, new, gear_spec, aot_inputs).__rewrite_fn__)
+                    aot_gm, fw.name, fw, new, gear_spec, aot_inputs))
             inner = getattr(compiled, "__rewrite_fn__", None)
             if kind == "inference" and same_inputs and flat is None and inner is not None:
                 direct["fn"] = rexec.direct_call(inner, example_inputs)
@@ -252,10 +252,21 @@ class RewriteBackend:
 
 def _refrozen_when_changed(compiled, frozen: dict, unit: CompileUnit, rebuild):
     """``compiled`` (boxed) checking, on each call, that its frozen weights are unchanged (`rewrite.frozen`)."""
-    checked = FrozenGraph(compiled.__rewrite_fn__, frozen, rebuild, unit.ledger, unit.name)
+    checked = FrozenGraph(_unboxed(compiled), frozen, lambda new: _unboxed(rebuild(new)), unit.ledger, unit.name)
     boxed = make_boxed_func(checked)
-    boxed.__rewrite_fn__ = checked
+    if hasattr(compiled, "__rewrite_fn__"):  # exec.direct may call it without AOTAutograd's wrapper, as before
+        boxed.__rewrite_fn__ = checked
     return boxed
+
+
+def _unboxed(compiled):
+    """``fn(*inputs)`` of what `compile_graph` returned (a subclass's may be any callable AOTAutograd takes)."""
+    inner = getattr(compiled, "__rewrite_fn__", None)
+    if inner is not None:
+        return inner
+    if getattr(compiled, "_boxed_call", False):
+        return lambda *args: compiled(list(args))
+    return compiled
 
 
 def _static_address_inputs(gm: torch.fx.GraphModule) -> list[int]:

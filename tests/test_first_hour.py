@@ -150,7 +150,7 @@ def test_npugraph_ex_backend_name_works_after_import_rewrite_through_the_entry_p
         x = torch.randn(2, 8)
         with torch.no_grad():
             out = torch.compile(m, backend="npugraph_ex", options={"capture_limit": 4})(x)
-            assert torch.equal(out, m(x))
+            torch.testing.assert_close(out, m(x))  # frozen weights: oneDNN's GEMM may round otherwise than eager's
         import rewrite.compat.torchair  # registering again on import is harmless
         print("OK")
     """, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
