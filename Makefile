@@ -52,8 +52,8 @@ TORCH2_14_SUBSET := tests/test_foundation.py tests/test_gears.py tests/test_decl
 $(TORCH2_14_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(TORCH2_14_VENV)
 	$(TORCH2_14_PY) -m pip install -q --upgrade pip
-	$(TORCH2_14_PY) -m pip install -q torch==2.14.1
-	$(TORCH2_14_PY) -m pip install -q -e ".[test]"
+	$(TORCH2_14_PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(TORCH2_14_PY) -m pip install -q -e ".[test,zoo-vision]"
 	$(TORCH2_14_PY) -c "import torch; assert torch.__version__.split('+')[0] == '2.14.1', torch.__version__"
 	touch $(TORCH2_14_STAMP)
 
