@@ -20,14 +20,14 @@ def graphs_for(arch, first_batch: int) -> tuple[int, bool, list]:
 
     import rewrite
 
-    from .runner import compare
+    from .runner import compare, geared_inputs
 
     torch._dynamo.reset()
     model = arch.model()
     backend = rewrite.get_backend()
     compiled = torch.compile(model, backend=backend)
     first = arch.inputs(first_batch, seed=200)
-    for t in first.values():
+    for t in geared_inputs(first):
         rewrite.inference.set_dim_gears(t, dim_gears={0: list(GEARS)})
     counters.clear()
     ok = True
