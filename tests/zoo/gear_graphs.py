@@ -49,14 +49,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.zoo.gear_graphs", description=__doc__)
     p.add_argument("--only", default="", help="comma-separated architecture names")
     args = p.parse_args(argv)
-    from .archs import ARCHS
+    from . import EVERY_ARCH
     from .runner import prepare_environment
 
     prepare_environment()
     warnings.filterwarnings("ignore")
     names = {n.strip() for n in args.only.split(",") if n.strip()}
     rows, why = [], []
-    for arch in ARCHS:
+    for arch in EVERY_ARCH:
         if names and arch.name not in names:
             continue
         (g1, ok1, why1), (g4, ok4, why4) = graphs_for(arch, GEARS[0]), graphs_for(arch, GEARS[-1])
