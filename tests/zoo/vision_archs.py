@@ -4,8 +4,9 @@ runner as the `transformers` zoo (tests/zoo/archs.py) through every mode and com
 Two families, each populated only when its library imports:
 - ``timm``: ``timm.create_model(name, pretrained=False, ...)`` with small sizes where the variant takes them as
   keyword overrides, timm's own tiny ``test_*`` variants where they exist, or the model class itself where the
-  variant fixes the argument that must shrink (mixer, poolformer). Images of 32x32 (64x64 where the model's windows
-  or subsampling need it). timm needs torchvision, whose wheels pair with one torch each: it runs in
+  variant fixes the argument that must shrink (mixer, gmlp, poolformer, convmixer, nest, volo, mvitv2). Images of
+  32x32; 64x64 where the model's windows or subsampling need it, 96 for inception_v3 (its stem needs 75), 120 for
+  crossvit (the smallest size both of its patch sizes tile). timm needs torchvision, whose wheels pair with one torch each: it runs in
   ``.venv-torch2.14`` (torch 2.14.1 + torchvision 0.29.1, ``make zoo-vision``), not in ``.venv``.
 - ``diffusers``: what a Stable Diffusion pipeline runs, from tiny config dicts: ``UNet2DConditionModel`` called as
   pipelines call it (a latent, a 0-d timestep for the whole batch, the text encoder's states), the same UNet with
@@ -13,7 +14,7 @@ Two families, each populated only when its library imports:
   ``CLIPTextModel``).
 
 Random weights that a comparison can see through. A fresh timm or diffusers model is built to start training, not
-to be compared: residual branches end in a zero-initialized norm (``zero_init_last``) or a layer scale of 1e-5
+to be compared: residual branches end in a zero-initialized norm (``zero_init_last``) or a layer scale of 1e-6..1e-5
 (ConvNeXt, CaiT, PoolFormer), heads start at zero (MLP-Mixer) or at 1e-3 of their scale (BEiT, EVA), and eval-mode
 norms have the identity's statistics. Outputs then hang on the skip paths, some at 1e-4 of the comparison's scale
 (its floor is 1), where a wrong attention or convolution would pass. So every parameter that a builder left
@@ -54,10 +55,10 @@ LATENT_SIZE = 16  # latent height and width the UNet is called with
 def randomize_constant_parameters(model: torch.nn.Module) -> torch.nn.Module:
     """Every constant floating parameter (all elements equal) and every batch norm's running statistics drawn at
     random from torch's generator (the Arch builder seeds it): a constant that is not 0 (norm weights, layer scales)
-    becomes U(0.5, 1.5) times its sign; 0 becomes N(0, 0.1) for biases and 1-d weights, and N(0, 1/fan_in) for a
-    zero matrix (a zero head); running variances U(0.5, 1.5), running means N(0, 0.1). See the module docstring."""
+    becomes U(0.5, 1.5) times its sign; 0 becomes N(0, 0.1) for biases and 1-d weights, and normal with std
+    fan_in**-0.5 for a zero matrix (a zero head); running variances U(0.5, 1.5), running means N(0, 0.1). See the module docstring."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if not p.is_floating_point() or p.numel() < 2 or bool(p.min() != p.max()):
                 continue
             c = float(p.flatten()[0])
@@ -119,12 +120,6 @@ def timm_image(size: int = 32):
 VIT_SMALL = dict(img_size=32, patch_size=8, embed_dim=H, depth=2, num_heads=4)
 
 
-def _poolformer():
-    from timm.layers import GroupNorm1
-    # poolformer_s12's own settings, at 1 block per stage and narrow stages
-    return dict(depths=(1, 1, 1, 1), dims=(16, 32, 48, 64), downsample_norm=None, mlp_act=torch.nn.GELU,
-                mlp_bias=True, norm_layers=GroupNorm1, layer_scale_init_values=1e-5, res_scale_init_values=None,
-                use_mlp_head=False)
 
 
 def _gmlp_build():
@@ -143,9 +138,13 @@ def _mvitv2_build():
 
 
 def _poolformer_build():
+    from timm.layers import GroupNorm1
     from timm.models.metaformer import MetaFormer
-
-    return FeaturesAndLogits(randomize_constant_parameters(MetaFormer(num_classes=10, **_poolformer())))
+    # poolformer_s12's own settings, at 1 block per stage and narrow stages
+    return FeaturesAndLogits(randomize_constant_parameters(MetaFormer(
+        num_classes=10, depths=(1, 1, 1, 1), dims=(16, 32, 48, 64), downsample_norm=None, mlp_act=torch.nn.GELU,
+        mlp_bias=True, norm_layers=GroupNorm1, layer_scale_init_values=1e-5, res_scale_init_values=None,
+        use_mlp_head=False)))
 
 
 TIMM_ARCHS: list[Arch] = [
@@ -188,7 +187,9 @@ TIMM_ARCHS: list[Arch] = [
     # -- more families: each brings an op pattern the ones above lack ------------------------------------------
     Arch("timm_res2net", "timm", _timm("res2net50_26w_4s", layers=[1, 1, 1, 1]), timm_image()),  # split, per-split conv, cat
     Arch("timm_dpn", "timm", _timm("dpn48b", k_sec=(1, 1, 1, 1)), timm_image()),  # dual paths: slices of a concat
-    Arch("timm_inception_v3", "timm", _timm("inception_v3"), timm_image(96)),  # branches of 1x7/7x1 convs, pools
+    # branches of 1x7 / 7x1 convolutions and pools; timm's init (truncated normal, std 0.1) grows its outputs to
+    # ~1e10, which the comparison takes relative to that scale
+    Arch("timm_inception_v3", "timm", _timm("inception_v3"), timm_image(96)),
     Arch("timm_rexnet", "timm", _timm("rexnet_100", width_mult=0.5), timm_image()),  # partial channel residual add
     Arch("timm_mobilenetv4", "timm", _timm("mobilenetv4_conv_small_050"), timm_image()),
     Arch("timm_ghostnetv2", "timm", _timm("ghostnetv2_100"), timm_image(64)),  # DFC attention: pool, sigmoid, upsample
@@ -249,8 +250,11 @@ TINY_UNET = dict(sample_size=LATENT_SIZE, in_channels=LATENT, out_channels=LATEN
 TINY_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
                 up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 32), latent_channels=LATENT,
                 layers_per_block=1, norm_num_groups=8, sample_size=32)
+# Stable Diffusion 1.x's text encoder config names bos 0, pad 1, eos 2 (so it pools at the highest token id, where
+# the real tokenizer puts its end-of-text token): the same here, inside the tiny vocabulary.
 TINY_CLIP_TEXT = dict(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=64, max_position_embeddings=TEXT_SEQ, projection_dim=H)
+                      intermediate_size=64, max_position_embeddings=TEXT_SEQ, projection_dim=H, bos_token_id=0,
+                      pad_token_id=1, eos_token_id=2)
 
 
 def _diffusers(cls: str, **config):
