@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-torch2.14 fuzz zoo bench check-backends env clean
+.PHONY: demo test test-torch2.14 fuzz zoo zoo-vision bench check-backends env clean
 
 env: $(STAMP)
 
@@ -29,16 +29,18 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --durations=15 tests
 
 # The second torch of the matrix: torch 2.14.1 in its own environment, and on it a fast subset of the suite
-# (the foundation, gears, export, cache, defaults, README examples). `pip install torch==2.14.1` takes the
-# CUDA build (about 5.5 GB installed; it runs on the CPU) from the machine's local wheel store; rewrite
-# and its test extras are installed beside it, and pip keeps that torch (pyproject's range holds it).
+# (the foundation, gears, export, cache, defaults, README examples, the vision zoo's CI subset). `pip install
+# torch==2.14.1` takes the CUDA build (about 5.5 GB installed; it runs on the CPU) from the machine's local wheel
+# store, with torchvision 0.29.1, the one torchvision that loads beside it (timm needs it; it is named here, not in
+# pyproject, so that no extra pulls another torch); rewrite, its test extras and the vision zoo's (timm, diffusers)
+# are installed beside them, and pip keeps that torch (pyproject's range holds it).
 TORCH2_14_VENV ?= .venv-torch2.14
 TORCH2_14_PY := $(TORCH2_14_VENV)/bin/python
 TORCH2_14_STAMP := $(TORCH2_14_VENV)/.installed
 # The subset, one list of pytest arguments: these files, less their tests that take over half a minute each here
 # (real MiniLM weights, fresh processes, every CLI subcommand in a subprocess, two ranks); `make test` runs those.
 TORCH2_14_SUBSET := tests/test_foundation.py tests/test_gears.py tests/test_declared_shapes.py \
-	tests/test_export.py tests/test_cache.py tests/test_defaults.py tests/test_readme.py \
+	tests/test_export.py tests/test_cache.py tests/test_defaults.py tests/test_readme.py tests/test_zoo_vision.py \
 	--deselect tests/test_gears.py::test_minilm_real_weights_every_batch_gear_matches_eager_and_pads_between \
 	--deselect tests/test_export.py::test_minilm_static_and_geared_exports_match_eager_in_a_fresh_process \
 	--deselect tests/test_export.py::test_two_rank_all_reduce_export_and_load \
@@ -52,8 +54,8 @@ TORCH2_14_SUBSET := tests/test_foundation.py tests/test_gears.py tests/test_decl
 $(TORCH2_14_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(TORCH2_14_VENV)
 	$(TORCH2_14_PY) -m pip install -q --upgrade pip
-	$(TORCH2_14_PY) -m pip install -q torch==2.14.1
-	$(TORCH2_14_PY) -m pip install -q -e ".[test]"
+	$(TORCH2_14_PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(TORCH2_14_PY) -m pip install -q -e ".[test,zoo-vision]"
 	$(TORCH2_14_PY) -c "import torch; assert torch.__version__.split('+')[0] == '2.14.1', torch.__version__"
 	touch $(TORCH2_14_STAMP)
 
@@ -69,6 +71,11 @@ fuzz: $(STAMP)
 # Every architecture of the model zoo through every mode, compared with eager; prints a table (CI runs a subset).
 zoo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m tests.zoo
+
+# The zoo's timm and diffusers families (tests/zoo/vision_archs.py): timm needs torchvision, which installs only
+# beside torch 2.14.1 here, so they run in the torch 2.14 environment (CI runs a subset: tests/test_zoo_vision.py).
+zoo-vision: $(TORCH2_14_STAMP)
+	HF_HUB_OFFLINE=1 $(TORCH2_14_PY) -m tests.zoo --family timm,diffusers
 
 # Equivalent-graph testing of compilers (issue 45): thousands of random graphs and the zoo's graphs, each in
 # several forms extracted from the e-graph, through Inductor and rewrite, compared with eager; findings are shrunk

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from zoo import ARCHS, BY_NAME, MODES, compare, run_arch
-from zoo.runner import GEARS, run_gears
+from zoo.runner import GEARS, run_gears, verdict
 
 # One or two per family; together well under 3 minutes on a 2-core machine.
 CI = ("bert", "gpt2", "llama", "t5", "vit", "resnet", "wav2vec2", "clip")
@@ -25,12 +25,9 @@ def _param(arch):
 
 @pytest.mark.parametrize("arch", [_param(a) for a in ARCHS])
 def test_architecture_matches_eager_in_every_mode(arch):
-    result = run_arch(arch, MODES, verbose=True)
-    failed = [f"{r.mode}: {r.detail}" for r in result.modes.values() if r.status == "FAIL"]
+    failed, fixed, known = verdict(run_arch(arch, MODES, verbose=True))
     assert not failed, f"{arch.name}:\n" + "\n".join(failed)
-    fixed = [f"{r.mode}: {r.xfail}" for r in result.modes.values() if r.status == "XPASS"]
     assert not fixed, f"{arch.name} passes where it carries a known-defect marker; remove it from tests/zoo/archs.py: {fixed}"
-    known = [f"{r.mode}: {r.xfail} ({r.detail})" for r in result.modes.values() if r.status == "XFAIL"]
     if known:
         pytest.xfail("; ".join(known))
 

@@ -1,7 +1,8 @@
 """``python -m tests.zoo [--only a,b] [--modes default,gears] [--family vision] [--device cuda] [-v]``: every
 architecture in every mode, compared with eager; prints a table; exits 1 if any architecture fails (an XPASS
 counts: the known defect is fixed and its marker must go). A failing architecture's details are printed as
-soon as it fails, and again under the table."""
+soon as it fails, and again under the table. The timm and diffusers families are there where those libraries
+import (``make zoo-vision``: ``--family timm,diffusers`` in ``.venv-torch2.14``)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.zoo", description=__doc__)
     p.add_argument("--only", default="", help="comma-separated architecture names")
     p.add_argument("--skip", default="", help="comma-separated architecture names to leave out")
-    p.add_argument("--family", default="", help="comma-separated families (encoder, decoder, ...)")
+    p.add_argument("--family", default="", help="comma-separated families (encoder, decoder, encoder-decoder, vision, "
+                   "audio, multimodal, timm, diffusers)")
     p.add_argument("--modes", default="", help="comma-separated modes: default, reduce-overhead, gears")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models run (default cpu)")
     p.add_argument("--list", action="store_true", help="list the architectures and exit")
@@ -26,16 +28,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     prepare_environment()
     warnings.filterwarnings("ignore", category=UserWarning)  # Dynamo's notes on transformers code
-    from . import ARCHS, BY_NAME, MODES, format_details, format_table, run_arch
+    from . import BY_NAME, EVERY_ARCH, MODES, format_details, format_table, run_arch
 
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    archs = ARCHS
+    archs = EVERY_ARCH
     if args.only:
         unknown = [n for n in split(args.only) if n not in BY_NAME]
         if unknown:
             p.error(f"unknown architectures {unknown}; known: {sorted(BY_NAME)}")
         archs = [BY_NAME[n] for n in split(args.only)]
     if args.family:
+        # a family with no architecture here is an error, not an empty table that looks like a pass
+        if missing := [f for f in split(args.family) if f not in {a.family for a in EVERY_ARCH}]:
+            p.error(f"no architectures of families {missing} here; known: {sorted({a.family for a in EVERY_ARCH})} "
+                    "(timm and diffusers need those libraries: make zoo-vision runs them in .venv-torch2.14)")
         archs = [a for a in archs if a.family in split(args.family)]
     archs = [a for a in archs if a.name not in split(args.skip)]
     modes = split(args.modes) or list(MODES)

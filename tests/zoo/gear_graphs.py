@@ -20,14 +20,14 @@ def graphs_for(arch, first_batch: int) -> tuple[int, bool, list]:
 
     import rewrite
 
-    from .runner import compare
+    from .runner import compare, geared_inputs
 
     torch._dynamo.reset()
     model = arch.model()
     backend = rewrite.get_backend()
     compiled = torch.compile(model, backend=backend)
     first = arch.inputs(first_batch, seed=200)
-    for t in first.values():
+    for t in geared_inputs(first):
         rewrite.inference.set_dim_gears(t, dim_gears={0: list(GEARS)})
     counters.clear()
     ok = True
@@ -49,14 +49,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.zoo.gear_graphs", description=__doc__)
     p.add_argument("--only", default="", help="comma-separated architecture names")
     args = p.parse_args(argv)
-    from .archs import ARCHS
+    from . import EVERY_ARCH
     from .runner import prepare_environment
 
     prepare_environment()
     warnings.filterwarnings("ignore")
     names = {n.strip() for n in args.only.split(",") if n.strip()}
     rows, why = [], []
-    for arch in ARCHS:
+    for arch in EVERY_ARCH:
         if names and arch.name not in names:
             continue
         (g1, ok1, why1), (g4, ok4, why4) = graphs_for(arch, GEARS[0]), graphs_for(arch, GEARS[-1])

@@ -7,7 +7,9 @@ Modes:
   tiered code. A graph that never tiers up is a failure too (the calls after it would test nothing new).
 - ``reduce-overhead``: ``mode = "reduce-overhead"`` with static kernels built into a temporary folder; 3 calls.
 - ``gears``: default config; ``set_dim_gears(t, {0: [1, 2, 4]})`` on every input tensor of the first call
-  (batch 1), then calls at batch 1, 2 and 4. The number of Dynamo graphs is recorded (not required to be 1).
+  (batch 1) that has a dim 0, then calls at batch 1, 2 and 4. A 0-d tensor (a diffusion UNet's timestep as
+  pipelines pass it: one step for the whole batch) has no batch dim and is the same at every gear, so it gets
+  none. The number of Dynamo graphs is recorded (not required to be 1).
 
 ``device="cuda"`` runs the model and its inputs on the GPU (eager on the GPU is the reference). Tier-up is
 CPU-only (on CUDA the default mode runs its ATen graph), so there the default mode only compares calls.
@@ -70,6 +72,16 @@ class ArchResult:
     @property
     def failed(self) -> bool:
         return any(r.counts_as_failure for r in self.modes.values())
+
+
+def verdict(result: ArchResult) -> tuple[list[str], list[str], list[str]]:
+    """One architecture's modes as the tests judge them: (failures, modes that pass where they carry a known-defect
+    marker, which must then go; known defects), each a line naming the mode."""
+    modes = result.modes.values()
+    failed = [f"{r.mode}: {r.detail}" for r in modes if r.status == "FAIL"]
+    fixed = [f"{r.mode}: {r.xfail}" for r in modes if r.status == "XPASS"]
+    known = [f"{r.mode}: {r.xfail} ({r.detail})" for r in modes if r.status == "XFAIL"]
+    return failed, fixed, known
 
 
 # -- outputs ---------------------------------------------------------------------------------------------
@@ -200,13 +212,19 @@ def run_reduce_overhead(arch: Arch, model, device: str = "cpu") -> ModeResult:
     return ModeResult("reduce-overhead", not problems, calls.worst, "; ".join(problems))
 
 
+def geared_inputs(inputs: dict) -> list[torch.Tensor]:
+    """The inputs that take batch gears: tensors with a dim 0. A 0-d tensor or a Python scalar is one value for the
+    whole batch (a UNet's timestep), the same at every gear; ``set_dim_gears`` would refuse it (no dim 0)."""
+    return [t for t in inputs.values() if isinstance(t, torch.Tensor) and t.dim() > 0]
+
+
 def run_gears(arch: Arch, model, first_batch: int = GEARS[0], device: str = "cpu") -> ModeResult:
     """Gears on dim 0 of every input, set on the first call (at ``first_batch``), then a call at every gear."""
     from torch._dynamo.utils import counters
 
     compiled, backend = _compile(model, rewrite.CompilerConfig())
     first = _inputs(arch, first_batch, 200, device)
-    for t in first.values():
+    for t in geared_inputs(first):
         rewrite.inference.set_dim_gears(t, dim_gears={0: list(GEARS)})
     counters.clear()
     calls = _Calls()
