@@ -13,7 +13,8 @@ Traces (a request is ``b`` rows padded to its longest row, right padding, as a t
   size of MiniLM), ``b`` Zipf-distributed in 1..8, prompt lengths log-normal (median 64, sigma 0.6) in 16..256.
 
 The first half of a trace is the recorded traffic (rewrite's gears are planned on its shapes by
-``rewrite.gears.plan_gear_axes``, at most 16 gears), the second half is served. Contenders, in one process per
+``rewrite.gears.plan_gear_pairs``: at most 16 (batch, sequence) pairs, plus one that holds the largest request of
+the trace), the second half is served. Contenders, in one process per
 trace, each a code object of its own:
 
 * ``eager``;
@@ -24,7 +25,7 @@ trace, each a code object of its own:
   shape seen; see `build` for why not dynamic), its defaults but float32 (``INFERENCE_PRECISION_HINT``: it
   computes in bf16 by default on a CPU that has it);
 * ``rewrite dynamic``: ``torch.compile(backend="rewrite", dynamic=True)``, rewrite's defaults (frozen weights);
-* ``rewrite gears``: the planned batch x sequence gears (``set_dim_gears`` on both inputs, ``"product"``,
+* ``rewrite gears``: the planned gear pairs (``set_dim_gears(t, plan.dim_gears)`` on both inputs, ``"zip"``,
   ``gear_fallback="fit"``), rewrite's defaults otherwise.
 
 Each contender is built and then serves the recorded half twice: the first pass holds its compiles (and
@@ -134,7 +135,7 @@ def build(contender: str, tag: str, model, first: dict, plan: dict, trace: str):
     if contender == "rewrite dynamic":
         return torch.compile(call, backend="rewrite", dynamic=True, fullgraph=True)
     if contender == "rewrite gears":
-        config = rewrite.CompilerConfig(**{"inference_config.dynamic_gears_merge_policy": "product",
+        config = rewrite.CompilerConfig(**{"inference_config.dynamic_gears_merge_policy": plan.get("policy", "product"),
                                            "inference_config.gear_fallback": "fit"})
         for x in first.values():
             rewrite.inference.set_dim_gears(x, {0: plan["batch"], 1: plan["sequence"]})
@@ -256,15 +257,19 @@ def serve(spec: dict) -> None:
 
 def run_trace(trace: str, n: int, contenders: list, threads, quick: bool) -> tuple[dict, dict]:
     """Plan on the first half of ``trace``'s requests and serve the second in a process of its own."""
-    from rewrite.gears import plan_gear_axes
+    from rewrite.gears import plan_gear_axes, plan_gear_pairs
 
     requests = token_trace(trace, n)
     recorded, second = requests[: n // 2], requests[n // 2:]
-    plan = plan_gear_axes([shape(r) for r in recorded], max_gears=4 if quick else 16)
-    top = (max(len(r) for r in second), max(max(r) for r in second))  # the served half may reach further
-    gears = dict(batch=sorted(set(plan.batch) | {max(plan.batch[-1], top[0])}),
-                 sequence=sorted(set(plan.sequence) | {max(plan.sequence[-1], top[1])}))
-    print(f"[{trace}] planned on {len(recorded)} requests: {plan}; gears {gears}", flush=True)
+    shapes = [shape(r) for r in recorded]
+    budget = 4 if quick else 16
+    grid = plan_gear_axes(shapes, max_gears=budget)
+    plan = plan_gear_pairs(shapes, max_gears=budget)
+    # the served half may reach further than the recorded one: one more pair covers every request
+    top = max(max(len(r) for r in requests), plan.pairs[-1][0]), max(max(max(r) for r in requests), plan.pairs[-1][1])
+    pairs = sorted(set(plan.pairs) | {top})
+    gears = dict(batch=[b for b, _ in pairs], sequence=[s for _, s in pairs], policy="zip")
+    print(f"[{trace}] planned on {len(recorded)} requests: {plan} (a grid of as many: {grid})", flush=True)
     spec = dict(trace=trace, contenders=contenders, plan=gears, recorded=recorded, serve=second, threads=threads)
     cmd = [sys.executable, os.path.abspath(__file__), "--serve", json.dumps(spec)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -277,7 +282,7 @@ def run_trace(trace: str, n: int, contenders: list, threads, quick: bool) -> tup
             print("   ", line, flush=True)
     if done.returncode != 0 or set(rows) != set(contenders):
         raise RuntimeError(f"serving trace {trace} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
-    return dict(plan=plan, gears=gears, requests=n), rows
+    return dict(plan=plan, grid=grid, gears=gears, requests=n), rows
 
 
 def report(results: dict, contenders: list) -> str:
@@ -287,8 +292,9 @@ def report(results: dict, contenders: list) -> str:
              "elements run (rewrite's ledger)."]
     for trace, (info, rows) in results.items():
         g = info["gears"]
-        parts.append(f"### {trace} trace ({info['requests']} requests)\n\nplanned {info['plan']}; served with batch "
-                     f"{g['batch']} x sequence {g['sequence']}")
+        parts.append(f"### {trace} trace ({info['requests']} requests)\n\nplanned: {info['plan']}; served with the "
+                     f"pairs {list(zip(g['batch'], g['sequence']))} (\"zip\"). A grid of as many gears "
+                     f"(`plan_gear_axes`) would pad {info['grid'].expected_waste:.1%} of the predicted work")
         headers = ["contender", "req/s", "tokens/s", "p50 ms", "p99 ms", "padded", "splits", "compile s",
                    "peak RSS MB", "Dynamo graphs"]
         table = [[c, f"{r['throughput']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['p50'] * 1e3:.1f}",

@@ -381,3 +381,53 @@ def test_batch_and_sequence_gears_are_planned_together_under_one_budget():
     assert len(flat.sequence) <= len(plan.sequence), (flat, plan)
     with pytest.raises(GearError, match=r"a \(batch, sequence\) pair"):
         plan_gear_axes([(1, 2, 3)])
+
+
+def test_gear_pairs_follow_traffic_whose_large_batches_are_also_long():
+    """Any (batch, sequence) pairs, not a grid: where the longest requests are the large batches, a grid spends most
+    of its budget on pairs nothing uses; pairs padding the same traffic cost less, and the cost they predict is
+    exact (every request served by its cheapest covering pair, as gear_fallback="pad" does)."""
+    from rewrite.gears import plan_gear_axes, plan_gear_pairs
+
+    shapes = [(1, 16)] * 60 + [(2, 24)] * 30 + [(4, 40)] * 20 + [(8, 64)] * 10 + [(16, 100)] * 5 + [(32, 160)] * 2
+    pairs = plan_gear_pairs(shapes, max_gears=6)
+    grid = plan_gear_axes(shapes, max_gears=6)
+    assert pairs.gears == 6 and pairs.expected_waste == 0 < grid.expected_waste, (pairs, grid)
+    assert (32, 160) in pairs.pairs  # the largest request's gear: every request has one
+    fewer = plan_gear_pairs(shapes, max_gears=3)
+    cost = sum(min(gb * gs for gb, gs in fewer.pairs if gb >= b and gs >= s) for b, s in shapes)
+    assert fewer.cost == cost and fewer.real == sum(b * s for b, s in shapes) and fewer.cost > pairs.cost
+    assert fewer.dim_gears == {0: [b for b, _ in fewer.pairs], 1: [s for _, s in fewer.pairs]}
+    # the greedy choice is at least as good as the grid for every budget here
+    for k in range(1, 7):
+        assert plan_gear_pairs(shapes, max_gears=k).cost <= plan_gear_axes(shapes, max_gears=k).cost
+    with pytest.raises(GearError, match="max_gears must be an int"):
+        plan_gear_pairs(shapes, max_gears=0)
+
+
+def test_gear_pairs_serve_an_encoder_under_zip_equal_to_eager():
+    """The plan's dim_gears on input_ids and attention_mask under "zip": one graph per pair, calls between them padded."""
+    from rewrite.gears import plan_gear_pairs
+
+    model = models.bert().eval()
+    plan = plan_gear_pairs([(1, 8)] * 5 + [(2, 12)] * 3 + [(4, 16)] * 2, max_gears=3)
+    assert plan.pairs == [(1, 8), (2, 12), (4, 16)]
+    config = rewrite.CompilerConfig(**{"inference_config.dynamic_gears_merge_policy": "zip",
+                                       "inference_config.gear_fallback": "pad"})
+    backend = rewrite.get_backend(config)
+    served = torch.compile(model, backend=backend, fullgraph=True)
+    first = {"input_ids": models.token_batch(4, 16), "attention_mask": torch.ones(4, 16, dtype=torch.long)}
+    for t in first.values():
+        rewrite.inference.set_dim_gears(t, plan.dim_gears)
+    with torch.no_grad():
+        served(**first)  # the call that carries the declared gears
+        for b, s in [(4, 16), (1, 8), (2, 10), (3, 16)]:
+            ids = models.token_batch(b, s, seed=b + s)
+            mask = torch.ones(b, s, dtype=torch.long)
+            mask[0, s - 2:] = 0
+            got, want = served(input_ids=ids, attention_mask=mask), model(input_ids=ids, attention_mask=mask)
+            real = mask.bool()
+            torch.testing.assert_close(got.last_hidden_state[real], want.last_hidden_state[real], rtol=1e-4, atol=1e-4)
+    stats = rewrite.stats(served)
+    assert {key[:2] for key in stats.gears} == {(4, 16), (1, 8)}, stats  # the calls at a pair ran its graph
+    assert stats.pads == 2, stats  # (2, 10) to (2, 12), (3, 16) to (4, 16)

@@ -1,5 +1,6 @@
 """Gears for two axes at once: the batch sizes and the sequence lengths that serve a recorded traffic of
-``(batch, sequence)`` requests best, within a budget on the number of gears (``|B| x |L|`` graphs).
+``(batch, sequence)`` requests best, within a budget on the number of gears: a grid (`plan_gear_axes`,
+``|B| x |L|`` graphs, the "product" policy) or any pairs (`plan_gear_pairs`, the "zip" policy).
 
 `plan_gears` plans one dim. Planning batch and sequence apart ignores that every (batch, sequence) pair is a
 graph: 4 batch gears and 4 sequence gears are 16 graphs, and a request's cost is its padded batch times its
@@ -20,7 +21,7 @@ from typing import Callable
 
 from .spec import MAX_GEARS, GearError
 
-__all__ = ["plan_gear_axes", "AxesPlan"]
+__all__ = ["plan_gear_axes", "AxesPlan", "plan_gear_pairs", "PairsPlan"]
 
 _ROUNDS = 6  # alternations of the two one-dim programmes per budget split (they settle in two or three)
 
@@ -81,6 +82,78 @@ def plan_gear_axes(shapes, *, max_gears: int = 16, latency: Callable | None = No
     cost, bat, seq = best
     real = sum(n * latency(b, s) for (b, s), n in hist.items())
     return AxesPlan(bat, seq, cost, real, sum(hist.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class PairsPlan:
+    """Gears as (batch, sequence) pairs, not a grid: declare them with ``dynamic_gears_merge_policy="zip"`` and
+    ``set_dim_gears(t, plan.dim_gears)`` on each input that carries both dims."""
+
+    pairs: list  # [(batch, sequence), ...], sorted
+    cost: float
+    real: float
+    requests: int
+
+    @property
+    def gears(self) -> int:
+        return len(self.pairs)
+
+    @property
+    def dim_gears(self) -> dict:
+        """``{0: batches, 1: sequences}``, position by position (the "zip" policy pairs them back)."""
+        return {0: [b for b, _ in self.pairs], 1: [s for _, s in self.pairs]}
+
+    @property
+    def expected_waste(self) -> float:
+        return max(0.0, 1 - self.real / self.cost) if self.cost else 0.0
+
+    def __str__(self) -> str:
+        return (f"{self.gears} gear pairs {self.pairs}; {self.expected_waste:.1%} of the predicted work is padding "
+                f"({self.requests} requests)")
+
+
+def plan_gear_pairs(shapes, *, max_gears: int = 16, latency: Callable | None = None) -> PairsPlan:
+    """At most ``max_gears`` (batch, sequence) gears, any pairs, that serve ``shapes`` with the least predicted cost.
+
+    A grid (`plan_gear_axes`) gives every batch gear every sequence gear; on traffic where large batches are also
+    long (a request padded to the longest of more sentences is longer) most of its pairs serve nothing, and its few
+    small-and-short gears are far apart. Any pairs fit that diagonal: the gears start with the largest request's
+    (batch, sequence) and grow greedily, each time by the pair (among every recorded batch size x every recorded
+    length) that lowers the predicted cost most, every request served by the cheapest gear at or above it in both
+    dims (what ``gear_fallback="pad"`` does). Greedy, so not always the optimum; the cost it predicts is exact."""
+    import numpy as np
+
+    hist = _histogram(shapes)
+    if not isinstance(max_gears, int) or isinstance(max_gears, bool) or not 1 <= max_gears <= MAX_GEARS:
+        raise GearError(f"plan_gear_pairs: max_gears must be an int in [1, {MAX_GEARS}], got {max_gears!r}")
+    if latency is None:
+        def latency(b, s):
+            return b * s
+    elif not callable(latency):
+        raise GearError(f"plan_gear_pairs: latency must be a callable (batch, sequence) -> seconds, got "
+                        f"{type(latency).__name__}")
+    keys = list(hist)
+    rb = np.array([b for b, _ in keys])
+    rs = np.array([s for _, s in keys])
+    count = np.array([hist[k] for k in keys], dtype=float)
+    cands = [(b, s) for b in sorted(set(rb.tolist())) for s in sorted(set(rs.tolist()))]
+    cb = np.array([b for b, _ in cands])[:, None]
+    cs = np.array([s for _, s in cands])[:, None]
+    cover = (cb >= rb[None, :]) & (cs >= rs[None, :])  # [candidate, request]: the candidate can serve it
+    price = np.array([latency(b, s) for b, s in cands], dtype=float)
+    top = (int(rb.max()), int(rs.max()))  # the one gear that serves every request
+    chosen = [top]
+    current = np.full(len(keys), float(latency(*top)))
+    while len(chosen) < max_gears:
+        # what each candidate saves: the requests it covers that it serves cheaper than their gear now
+        gain = (np.clip(current[None, :] - price[:, None], 0, None) * cover * count[None, :]).sum(axis=1)
+        best = int(gain.argmax())
+        if gain[best] <= 0:
+            break
+        chosen.append(cands[best])
+        current = np.where(cover[best], np.minimum(current, price[best]), current)
+    real = sum(n * latency(b, s) for (b, s), n in hist.items())
+    return PairsPlan(sorted(chosen), float((current * count).sum()), float(real), int(count.sum()))
 
 
 def _best_axis(hist: dict, axis: int, cands: list, k: int, other: list, latency) -> list:
