@@ -43,6 +43,25 @@ def time_call(fn, *args, warmup: int = 3, repeat: int = 20, inner: int = 1) -> f
     return statistics.median(samples)
 
 
+def rss_reset() -> int | None:
+    """Reset the process's peak RSS (Linux) and return the RSS now, in bytes; None where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return status_kb("VmRSS") * 1024
+    except OSError:
+        return None
+
+
+def status_kb(field: str) -> int:
+    """A kB field of /proc/self/status (``VmRSS``, ``VmHWM``: the peak since `rss_reset`)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(field)
+
+
 def markdown_table(headers, rows) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

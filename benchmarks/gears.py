@@ -36,12 +36,13 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import OUT_DIR, cold_caches, machine_line, markdown_table, record_section, save_plot  # noqa: E402
+from _results import (OUT_DIR, cold_caches, machine_line, markdown_table, record_section, rss_reset,  # noqa: E402
+                      save_plot, status_kb)
 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
 from rewrite.demo import with_own_code  # noqa: E402
-from gears_tokens import TOKEN_CONTENDERS, token_traffic_main  # noqa: E402
+from gears_tokens import TOKEN_CONTENDERS, token_traffic_main, warm_the_process  # noqa: E402
 
 SCENARIOS = {
     "batch": dict(dim=0, gears=[1, 2, 4, 8, 16], fixed=32, label="batch (seq 32)"),
@@ -331,24 +332,6 @@ def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick:
     return rec, plan, record_s, latency
 
 
-def _rss_reset() -> int | None:
-    """Reset the process's peak RSS (Linux) and return the RSS now, in bytes; None where not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return _status_kb("VmRSS") * 1024
-    except OSError:
-        return None
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise OSError(field)
-
-
 def _build_contender(contender: str, tag: str, model, gears, first_input):
     config = rewrite.CompilerConfig()
     call = with_own_code(model, tag)
@@ -392,14 +375,14 @@ def traffic_serve(spec: dict) -> None:
         refs = {b: hidden(model(x)) for b, x in base.items()}
     warm_calls = rewrite.CompilerConfig().exec.tier_up_calls + 2
     order = sorted(base, reverse=True)  # the first call at the largest size (where gears trace)
-    _warm_the_compilers()
+    warm_the_process()
     fns, inputs, built = {}, {}, {}
     for k, (c, gears) in enumerate(contenders.items()):
         inputs[c] = {b: {key: t.clone() for key, t in x.items()} if isinstance(x, dict) else x.clone()
                      for b, x in base.items()}  # set_dim_gears marks tensors: each contender has its own
         first = inputs[c][order[0]]
         first = next(iter(first.values())) if isinstance(first, dict) else first
-        rss0 = _rss_reset()
+        rss0 = rss_reset()
         graphs0 = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         fns[c] = fn = _build_contender(c, str(k), model, gears, first)
@@ -413,7 +396,7 @@ def traffic_serve(spec: dict) -> None:
                 torch.testing.assert_close(hidden(out), refs[b], rtol=2e-4, atol=2e-4)
         warm_s = time.perf_counter() - t0
         steady = sum(warm_calls * min(v) for v in per_size.values())
-        peak = _status_kb("VmHWM") * 1024 if rss0 is not None else None
+        peak = status_kb("VmHWM") * 1024 if rss0 is not None else None
         built[c] = dict(compile_s=0.0 if c == "eager" else max(0.0, warm_s - steady),
                         memory=None if rss0 is None else max(0, peak - rss0),
                         graphs=counters["stats"]["unique_graphs"] - graphs0)
@@ -442,19 +425,6 @@ def traffic_serve(spec: dict) -> None:
 
 
 CHUNK = 50  # requests per contender turn in the interleaved serving
-
-
-def _warm_the_compilers() -> None:
-    """Compile a toy function with rewrite and with Inductor once, so the one-time costs of a process (imports,
-    the e-graph engine, the C++ toolchain's first run) land on no contender's compile time or memory."""
-    toy = torch.nn.Linear(4, 4)
-    x = torch.randn(2, 4)
-    with torch.no_grad():
-        for backend in (rewrite.get_backend(), "inductor"):
-            fn = torch.compile(with_own_code(toy, "warm"), backend=backend, fullgraph=True)
-            for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):
-                fn(x)
-    torch._dynamo.reset()
 
 
 def traffic_main():

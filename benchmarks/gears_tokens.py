@@ -49,7 +49,8 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import cold_caches, machine_line, markdown_table, record_section, save_plot  # noqa: E402
+from _results import (cold_caches, machine_line, markdown_table, record_section, rss_reset, save_plot,  # noqa: E402
+                      status_kb)
 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
@@ -143,26 +144,9 @@ def build(contender: str, tag: str, model, first: dict, plan: dict, trace: str):
     raise ValueError(contender)
 
 
-def _rss_reset() -> int | None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return _status_kb("VmRSS") * 1024
-    except OSError:
-        return None
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise OSError(field)
-
-
-def _warm_the_process() -> None:
-    """One toy compile with rewrite, Inductor and OpenVINO, so a process's one-time costs (imports, the e-graph
-    engine, the C++ toolchain's first run) land on no contender's compile time or memory."""
+def warm_the_process() -> None:
+    """One toy compile with rewrite, Inductor and OpenVINO (where installed), so a process's one-time costs
+    (imports, the e-graph engine, the C++ toolchain's first run) land on no contender's compile time or memory."""
     toy = torch.nn.Linear(4, 4)
     x = torch.randn(2, 4)
     backends = [rewrite.get_backend(), "inductor"]
@@ -205,13 +189,13 @@ def serve(spec: dict) -> None:
     served = [make_request(r, vocab, seed=10**6 + i) for i, r in enumerate(spec["serve"])]
     with torch.no_grad():
         refs = [model(**x).last_hidden_state for x in served[:CHECKED]]
-    _warm_the_process()
+    warm_the_process()
     fns, built = {}, {}
     for k, c in enumerate(contenders):
         first = {key: t.clone() for key, t in recorded[0].items()}
         if c == "rewrite gears":  # gears are traced at the largest gear: a full request of that shape
             first = make_request([plan["sequence"][-1]] * plan["batch"][-1], vocab, seed=-1 % 2**31)
-        rss0 = _rss_reset()
+        rss0 = rss_reset()
         graphs0 = counters["stats"]["unique_graphs"]
         with torch.no_grad():
             t0 = time.perf_counter()
@@ -224,7 +208,7 @@ def serve(spec: dict) -> None:
                 real = x["attention_mask"].bool()
                 torch.testing.assert_close(got[real], want[real], rtol=1e-3, atol=1e-3,
                                            msg=lambda m: f"{c} differs from eager at a real token: {m}")
-        peak = _status_kb("VmHWM") * 1024 if rss0 is not None else None
+        peak = status_kb("VmHWM") * 1024 if rss0 is not None else None
         built[c] = dict(compile_s=0.0 if c == "eager" else max(0.0, first_pass - second_pass),
                         memory=None if rss0 is None else max(0, peak - rss0),
                         graphs=counters["stats"]["unique_graphs"] - graphs0)

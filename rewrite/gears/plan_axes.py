@@ -53,15 +53,7 @@ class AxesPlan:
 def plan_gear_axes(shapes, *, max_gears: int = 16, latency: Callable | None = None) -> AxesPlan:
     """The batch and sequence gears that serve ``shapes`` (a list of ``(batch, sequence)`` requests, or a
     ``{(batch, sequence): count}`` histogram) with the least predicted cost, at most ``max_gears`` pairs."""
-    hist = _histogram(shapes)
-    if not isinstance(max_gears, int) or isinstance(max_gears, bool) or not 1 <= max_gears <= MAX_GEARS:
-        raise GearError(f"plan_gear_axes: max_gears must be an int in [1, {MAX_GEARS}], got {max_gears!r}")
-    if latency is None:
-        def latency(b, s):
-            return b * s
-    elif not callable(latency):
-        raise GearError(f"plan_gear_axes: latency must be a callable (batch, sequence) -> seconds, got "
-                        f"{type(latency).__name__}")
+    hist, latency = _arguments("plan_gear_axes", shapes, max_gears, latency)
     batches = sorted({b for b, _ in hist})
     lengths = sorted({s for _, s in hist})
     best = None
@@ -123,15 +115,7 @@ def plan_gear_pairs(shapes, *, max_gears: int = 16, latency: Callable | None = N
     dims (what ``gear_fallback="pad"`` does). Greedy, so not always the optimum; the cost it predicts is exact."""
     import numpy as np
 
-    hist = _histogram(shapes)
-    if not isinstance(max_gears, int) or isinstance(max_gears, bool) or not 1 <= max_gears <= MAX_GEARS:
-        raise GearError(f"plan_gear_pairs: max_gears must be an int in [1, {MAX_GEARS}], got {max_gears!r}")
-    if latency is None:
-        def latency(b, s):
-            return b * s
-    elif not callable(latency):
-        raise GearError(f"plan_gear_pairs: latency must be a callable (batch, sequence) -> seconds, got "
-                        f"{type(latency).__name__}")
+    hist, latency = _arguments("plan_gear_pairs", shapes, max_gears, latency)
     keys = list(hist)
     rb = np.array([b for b, _ in keys])
     rs = np.array([s for _, s in keys])
@@ -202,17 +186,31 @@ def _gear_of(gears: list, size: int) -> int:
     return next(g for g in gears if g >= size)
 
 
-def _histogram(shapes) -> dict:
+def _arguments(planner: str, shapes, max_gears, latency) -> tuple[dict, Callable]:
+    """A planner's checked arguments: the traffic as a histogram, and the latency (``b * s`` by default)."""
+    hist = _histogram(shapes, planner)
+    if not isinstance(max_gears, int) or isinstance(max_gears, bool) or not 1 <= max_gears <= MAX_GEARS:
+        raise GearError(f"{planner}: max_gears must be an int in [1, {MAX_GEARS}], got {max_gears!r}")
+    if latency is None:
+        def latency(b, s):
+            return b * s
+    elif not callable(latency):
+        raise GearError(f"{planner}: latency must be a callable (batch, sequence) -> seconds, got "
+                        f"{type(latency).__name__}")
+    return hist, latency
+
+
+def _histogram(shapes, planner: str) -> dict:
     items = shapes.items() if isinstance(shapes, dict) else ((shape, 1) for shape in shapes)
     hist: dict = collections.Counter()
     for shape, n in items:
         if not (isinstance(shape, tuple) and len(shape) == 2
                 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape)):
-            raise GearError(f"plan_gear_axes: a request is a (batch, sequence) pair of positive ints, got {shape!r}")
+            raise GearError(f"{planner}: a request is a (batch, sequence) pair of positive ints, got {shape!r}")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise GearError(f"plan_gear_axes: the count of {shape} must be a non-negative int, got {n!r}")
+            raise GearError(f"{planner}: the count of {shape} must be a non-negative int, got {n!r}")
         hist[shape] += n
     hist = {k: v for k, v in hist.items() if v}
     if not hist:
-        raise GearError("plan_gear_axes: no requests to plan for")
+        raise GearError(f"{planner}: no requests to plan for")
     return hist
