@@ -314,3 +314,27 @@ def test_transposed_weights_of_unfrozen_linears_are_not_made_per_call(monkeypatc
         torch.testing.assert_close(compiled(x), model(x), atol=ATOL, rtol=RTOL)
         xt = torch.randn(32, 4).t()  # another input layout: the guarded strides send it to the plain code
         torch.testing.assert_close(compiled(xt), model(xt), atol=ATOL, rtol=RTOL)
+
+
+def test_a_build_running_at_exit_finishes_and_queued_ones_are_cancelled(tmp_path):
+    """A daemon build thread stopped inside C++ at interpreter exit aborts the process; exit waits for it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import pathlib, threading, time, torch
+        from rewrite.exec import background
+        started = threading.Event()
+        def running():
+            started.set()
+            time.sleep(0.5)
+            torch.randn(256, 256) @ torch.randn(256, 256)
+            pathlib.Path({str(tmp_path / "ran")!r}).touch()
+        background.submit(running)
+        background.submit(lambda: pathlib.Path({str(tmp_path / "queued")!r}).touch())
+        started.wait()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "ran").exists() and not (tmp_path / "queued").exists()

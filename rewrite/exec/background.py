@@ -7,9 +7,14 @@ time in the order they come: a compiled model owns no thread of its own for this
 compiled model may own are listed in docs/streams.md). A process forked after a build started gets
 a thread of its own on its first build. Builds take Dynamo's compile lock, so an Inductor compile here
 never interleaves with a compile Dynamo runs on another thread (Inductor's config is process-wide).
+
+At interpreter exit the builds still queued are cancelled and the one running is waited for: a daemon
+thread stopped inside a C++ kernel build aborts the process ("terminate called without an active
+exception"), which a torchrun rank exiting right after its last call did on a fresh kernel cache.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
 import os
@@ -25,6 +30,7 @@ _lock = threading.Lock()
 _idle = threading.Condition(_lock)
 _queue: "queue.SimpleQueue | None" = None  # the build thread's; None until the first build
 _pending = 0  # builds submitted and not finished
+_exiting = False  # set at interpreter exit: builds not yet started are cancelled
 
 
 def _after_fork_in_child() -> None:
@@ -51,6 +57,8 @@ def _work(q: "queue.SimpleQueue") -> None:
     compile_lock = _compile_lock()
     while True:
         future, build = q.get()
+        if _exiting:
+            future.cancel()
         if future.set_running_or_notify_cancel():
             try:
                 with compile_lock:
@@ -76,6 +84,13 @@ def submit(build: Callable[[], object]) -> concurrent.futures.Future:
         _pending += 1
         _queue.put((future, build))
     return future
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    global _exiting
+    _exiting = True
+    wait_for_builds()
 
 
 def wait_for_builds(timeout: float | None = None) -> bool:

@@ -15,6 +15,7 @@ made once per arena, not per call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import operator
 import threading
@@ -126,12 +127,13 @@ def output_bytes(graph: Graph) -> int:
     return total
 
 
-def predict_peak_bytes(graph: Graph) -> int:
+def predict_peak_bytes(graph: Graph, in_pool=None) -> int:
     """The most bytes a static graph's intermediate values and outputs hold at once when its ops run
     one by one in graph order, each result freed after its last reader (views and items of a tuple
     share their base's bytes; inputs and constants are not counted). Read from the metas alone,
     before anything runs: the figure a memory pool shared by gears is predicted from. Kernels that
-    fuse ops (Inductor's) keep fewer values alive, so for them it is an upper bound."""
+    fuse ops (Inductor's) keep fewer values alive, so for them it is an upper bound. ``in_pool(node)``
+    says whether a value's bytes come from the pool at all (default: every value's do)."""
     last_use: dict[int, int] = {}
     for i, n in enumerate(graph.nodes):
         for v in n.inputs:
@@ -153,7 +155,7 @@ def predict_peak_bytes(graph: Graph) -> int:
                 continue  # a view of an input or a constant: no bytes of the graph's own
         else:
             owner = n.id
-            size[owner] = _meta_bytes(n.meta)
+            size[owner] = _meta_bytes(n.meta) if in_pool is None or in_pool(n) else 0
             live += size[owner]
             peak = max(peak, live)
         owner_of[n.id] = owner
@@ -176,8 +178,9 @@ class PoolMemory:
     ``where``: "CPU arena" (one arena as large as the largest gear's plan serves every gear; a concurrent caller
     gets an arena of its own) or "CUDA graph pool" (one pool for every gear's CUDA graph, captured largest first,
     so the smaller gears reuse what the largest freed; each gear's outputs stay in it for the next replay).
-    ``largest``: the largest gear alone (its peak of live values, `predict_peak_bytes`); ``predicted``: all gears
-    together (CPU: the largest; CUDA: the largest plus every other gear's outputs). Both are upper bounds where
+    ``largest``: the largest gear alone (its peak of live values, `predict_peak_bytes`; on CPU only the values a
+    plan can place in the arena: outputs and results of ops with no ``out=`` variant are made per call);
+    ``predicted``: all gears together (CPU: the largest; CUDA: the largest plus every other gear's outputs). Both are upper bounds where
     kernels fuse values away. ``allocated``: what the arena or pool holds once the gears are built (None until
     then); ``input_buffers``: CUDA's copied inputs, outside the pool, each as large as the largest gear needs."""
 
@@ -189,8 +192,9 @@ class PoolMemory:
     input_buffers: int = 0
 
     @classmethod
-    def predicted_for(cls, graphs: list, where: str) -> "PoolMemory":
-        peaks = [predict_peak_bytes(g) for g in graphs]
+    def predicted_for(cls, graphs: list, where: str, in_pool=None) -> "PoolMemory":
+        """``in_pool(graph, node)``: whether the node's value takes memory of the pool (default: all do)."""
+        peaks = [predict_peak_bytes(g, None if in_pool is None else functools.partial(in_pool, g)) for g in graphs]
         if not peaks:
             return cls(where)
         k = max(range(len(peaks)), key=peaks.__getitem__)

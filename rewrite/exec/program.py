@@ -42,7 +42,7 @@ from ..ir import Graph, Node, TensorMeta, is_side_effect, iter_metas
 from ..unit import CompileUnit
 from .memory import ArenaPool, PoolMemory
 from .observe import observe, synthesize_inputs
-from .plan import describe, make_plan, mutated_inputs, unplannable, written_args
+from .plan import describe, make_plan, mutated_inputs, out_variant, unplannable, written_args
 from .planned import PlannedExecutable
 
 log = logging.getLogger("rewrite")
@@ -301,8 +301,16 @@ class PlannedProgram:
         if device.type == "cuda":
             self._cuda_graphs(device).predict(static)
         elif device.type == "cpu":
-            self.memory = PoolMemory.predicted_for(static, "CPU arena")
+            self.memory = PoolMemory.predicted_for(static, "CPU arena", self._in_arena)
             self.unit.report.memory = self.memory
+
+    def _in_arena(self, graph: Graph, node: Node) -> bool:
+        """Whether a plan can put ``node``'s value in the CPU arena (`rewrite.exec.plan`): what the caller gets is
+        made per call, and so is the value of an op with neither an ``out=`` variant nor possibly a static kernel
+        (a prepacked oneDNN linear on frozen weights, say)."""
+        if any(v is node for v in graph.output.inputs):
+            return False
+        return self.static_kernels or out_variant(node.target, "cpu") is not None
 
     def is_tiering_gear(self, fn) -> bool:
         """Whether ``fn`` (from `executable`) is a gear that tiers up after its cold calls."""
