@@ -544,6 +544,8 @@ def _served_waste(info, row) -> float | None:
 
     if not row.get("gears"):
         return None
+    if max(info["second"]) > max(info["latency"]):
+        return None  # the served half reaches sizes the recorded half never measured: no price for them
     return evaluate_gears(info["second"], row["gears"], latency=info["latency"]).expected_waste
 
 
