@@ -1,4 +1,4 @@
-"""Pointwise fusion of static-kernel steps (`rewrite.kernels.fusion`, `cgen._fused`).
+"""Pointwise fusion of static-kernel steps (`rewrite.kernels.fusion`, `cgen.gen_fused`).
 
 Each graph here is planned twice with static kernels, with fusion and without, and run against its
 plain ATen code: a fused group must give the bits its steps give one by one, and the plan must

@@ -2,7 +2,7 @@
 
 A ResNet block's ``batch_norm -> relu`` or ``batch_norm -> add -> relu`` were one static kernel each:
 every step read its input from memory and wrote its result back, for the next step to read again.
-A group of such steps becomes one kernel (`cgen._fused`) that keeps the values between them in
+A group of such steps becomes one kernel (`cgen.gen_fused`) that keeps the values between them in
 registers, so only the group's inputs are read and only its last value is written.
 
 A group is found from its last step (its root) backwards: a step joins when it is a pointwise op or

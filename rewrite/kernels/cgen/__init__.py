@@ -26,7 +26,7 @@ What gets a kernel (everything else runs its ATen kernel):
 * scaled dot-product attention (ATen's CPU flash op) with up to 512 keys, causal or masked, GQA
   (`attention`); small 1-d and 2-d convolutions, grouped and depthwise too (`conv`);
 * a group of neighbouring pointwise steps and inference batch norms of one shape as one loop
-  (`fused._fused`; the planner picks the groups, `rewrite.kernels.fusion`).
+  (`fused.gen_fused`; the planner picks the groups, `rewrite.kernels.fusion`).
 
 Numerics: the same formulas as ATen's CPU kernels (layer norm statistics in double), so results
 agree to float rounding; tests compare with eager at every gear.
@@ -38,23 +38,23 @@ C types, the emitting helpers), `runtime`, `pointwise`, `norms`, `softmax`, `red
 from __future__ import annotations
 
 from ..signature import FUSED
-from .attention import _attention
-from .conv import _convolution
-from .copies import _cat, _constant_pad
+from .attention import gen_attention
+from .conv import gen_convolution
+from .copies import gen_cat, gen_constant_pad
 from .core import ERRORS, PARALLEL_MIN, VERSION, Unsupported
-from .fused import _fused
-from .gathers import _embedding, _index
-from .gemm import PACKED, _bmm, _mm
-from .norms import BATCH_NORM, MAX_CHANNELS, _batch_norm, _layer_norm
-from .pointwise import _POINTWISE, POINTWISE_OPS, _pointwise
-from .pooling import _max_pool2d
-from .reductions import _reduction
+from .fused import gen_fused
+from .gathers import gen_embedding, gen_index
+from .gemm import PACKED, gen_bmm, gen_mm
+from .norms import BATCH_NORM, MAX_CHANNELS, gen_batch_norm, gen_layer_norm
+from .pointwise import POINTWISE_FORMULAS, POINTWISE_OPS, gen_pointwise
+from .pooling import gen_max_pool2d
+from .reductions import gen_reduction
 from .runtime import MATH_DECLARATIONS, RUNTIME
-from .softmax import _softmax
+from .softmax import gen_softmax
 
 __all__ = ["generate", "RUNTIME", "ERRORS", "VERSION"]
 # Also used from outside as `cgen.X`: MATH_DECLARATIONS and PACKED (rewrite.kernels), BATCH_NORM and
-# POINTWISE_OPS (rewrite.kernels.fusion); PARALLEL_MIN, MAX_CHANNELS, Unsupported and _fused stay
+# POINTWISE_OPS (rewrite.kernels.fusion); PARALLEL_MIN, MAX_CHANNELS, Unsupported and gen_fused stay
 # reachable here as they were in the single module.
 
 
@@ -63,7 +63,7 @@ def generate(sig: dict, symbol: str) -> str | None:
     family = _FAMILIES.get(sig["op"])
     if family is None:
         return None
-    if any(o["size"] and 0 in o["size"] for o in sig["outputs"]) and family is not _batch_norm:
+    if any(o["size"] and 0 in o["size"] for o in sig["outputs"]) and family is not gen_batch_norm:
         return None  # an empty result: nothing to compute (batch norm's empty statistics are never written)
     try:
         return family(sig, symbol)
@@ -71,23 +71,23 @@ def generate(sig: dict, symbol: str) -> str | None:
         return None
 
 
-_FAMILIES = {name: _pointwise for name in _POINTWISE}
+_FAMILIES = {name: gen_pointwise for name in POINTWISE_FORMULAS}
 _FAMILIES.update({
-    "aten.native_layer_norm.default": _layer_norm,
-    "aten._softmax.default": lambda sig, symbol: _softmax(sig, symbol, False),
-    "aten._log_softmax.default": lambda sig, symbol: _softmax(sig, symbol, True),
-    "aten.mm.default": lambda sig, symbol: _mm(sig, symbol, False),
-    "aten.addmm.default": lambda sig, symbol: _mm(sig, symbol, True),
-    "aten.bmm.default": _bmm,
-    "aten.embedding.default": _embedding,
-    "aten.index.Tensor": _index,
-    "aten.cat.default": _cat,
-    BATCH_NORM: _batch_norm,
-    "aten.constant_pad_nd.default": _constant_pad,
-    "aten.max_pool2d_with_indices.default": _max_pool2d,
-    FUSED: _fused,
-    "aten.sum.dim_IntList": lambda sig, symbol: _reduction(sig, symbol, False),
-    "aten.mean.dim": lambda sig, symbol: _reduction(sig, symbol, True),
-    "aten._scaled_dot_product_flash_attention_for_cpu.default": _attention,
-    "aten.convolution.default": _convolution,
+    "aten.native_layer_norm.default": gen_layer_norm,
+    "aten._softmax.default": lambda sig, symbol: gen_softmax(sig, symbol, False),
+    "aten._log_softmax.default": lambda sig, symbol: gen_softmax(sig, symbol, True),
+    "aten.mm.default": lambda sig, symbol: gen_mm(sig, symbol, False),
+    "aten.addmm.default": lambda sig, symbol: gen_mm(sig, symbol, True),
+    "aten.bmm.default": gen_bmm,
+    "aten.embedding.default": gen_embedding,
+    "aten.index.Tensor": gen_index,
+    "aten.cat.default": gen_cat,
+    BATCH_NORM: gen_batch_norm,
+    "aten.constant_pad_nd.default": gen_constant_pad,
+    "aten.max_pool2d_with_indices.default": gen_max_pool2d,
+    FUSED: gen_fused,
+    "aten.sum.dim_IntList": lambda sig, symbol: gen_reduction(sig, symbol, False),
+    "aten.mean.dim": lambda sig, symbol: gen_reduction(sig, symbol, True),
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": gen_attention,
+    "aten.convolution.default": gen_convolution,
 })

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ..signature import value_of
-from .core import _CTYPE, _FLOATS, Unsupported, _args, _broadcast, _fn, _function, _literal
+from .core import C_TYPE, FLOAT_DTYPES, Unsupported, arg_values, broadcast_strides, math_fn, kernel_function, c_literal
 
 MAX_KEYS = 512  # ATen's CPU flash attention takes up to 512 keys in one block
 MAX_HEAD = 1024  # the value head dim: the row's accumulator lives on the stack
@@ -29,12 +29,12 @@ MAX_TRANSPOSED = 16384  # a head's keys up to this many elements are transposed 
 ROWS = 4  # query rows computed together
 
 
-def _attention(sig, symbol):
-    args = _args(sig)
+def gen_attention(sig, symbol):
+    args = arg_values(sig)
     q, k, v = (sig["inputs"][args[name]["tensor"]] for name in ("query", "key", "value"))
     out, lse = sig["outputs"]
     dtypes = {q["dtype"], k["dtype"], v["dtype"], out["dtype"], lse["dtype"]}
-    if len(dtypes) != 1 or q["dtype"] not in _FLOATS or value_of(args["dropout_p"]) != 0:
+    if len(dtypes) != 1 or q["dtype"] not in FLOAT_DTYPES or value_of(args["dropout_p"]) != 0:
         raise Unsupported
     if any(len(d["size"]) != 4 for d in (q, k, v, out)) or len(lse["size"]) != 3:
         raise Unsupported
@@ -50,23 +50,23 @@ def _attention(sig, symbol):
         # ATen's kernel reads the head dim as contiguous whatever its stride (SDPA only calls it so): its result
         # for other strides is not attention, and a kernel computing attention would differ from eager
         raise Unsupported
-    T = _CTYPE[q["dtype"]]
+    T = C_TYPE[q["dtype"]]
     scale_v = value_of(args.get("scale"))
-    scale = _literal(1.0 / math.sqrt(E) if scale_v is None else scale_v, T)
+    scale = c_literal(1.0 / math.sqrt(E) if scale_v is None else scale_v, T)
     mask = args.get("attn_mask")
     ms = None
     if mask is not None:
         m = sig["inputs"][mask["tensor"]]
         if m["dtype"] != q["dtype"]:
             raise Unsupported
-        ms = _broadcast(m, [B, H, L, S])
+        ms = broadcast_strides(m, [B, H, L, S])
     causal = bool(value_of(args["is_causal"]))
     if causal and ms is not None:  # SDPA never passes both (it refuses them); ATen's kernel then reads further
         raise Unsupported
     group = H // Hk
     qs, ks, vs, os_, ls = q["stride"], k["stride"], v["stride"], out["stride"], lse["stride"]
     xq, xk, xv = (f"x{args[name]['tensor']}" for name in ("query", "key", "value"))
-    exp, log = _fn("exp", T), _fn("log", T)
+    exp, log = math_fn("exp", T), math_fn("log", T)
     R = ROWS if L >= ROWS else 1  # query rows computed together: each key and value row loaded once for all
     # row r of a block: query row i0 + r; past the last row a block recomputes the last row (never stored)
     def keys(row: str) -> str:  # the keys query row ``row`` sees; causal: 0..row (SDPA's top-left aligned mask)
@@ -168,4 +168,4 @@ def _attention(sig, symbol):
         "    }",
         "  }",
     ]
-    return _function(symbol, [ln for ln in body if ln], sig)
+    return kernel_function(symbol, [ln for ln in body if ln], sig)

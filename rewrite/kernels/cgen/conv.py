@@ -17,8 +17,8 @@ products as ATen's, in another order, starting from the bias; equal to rounding.
 from __future__ import annotations
 
 from ..signature import value_of
-from .core import _CTYPE, _FLOATS, Unsupported, _args, _function, _is_int
-from .gemm import _gemm_call, _matrix
+from .core import C_TYPE, FLOAT_DTYPES, Unsupported, arg_values, kernel_function, is_int
+from .gemm import gemm_call, gemm_matrix
 
 MAX_MACS = 1 << 20  # multiply-adds of one call up to which these beat ATen's (measured on this machine: depthwise
 # 3x3 over 144 channels of 28x28, 1M multiply-adds, 1.8x faster; a dense 3x3 over 32 channels of 16x16, 2.4M, 0.87x)
@@ -29,9 +29,9 @@ UNROLL_WIDTH = 16  # output rows up to this long are unrolled too
 
 def _ints(v, rank: int) -> list[int]:
     v = value_of(v)
-    if _is_int(v):
+    if is_int(v):
         return [v] * rank
-    if not isinstance(v, list) or not all(_is_int(x) for x in v):
+    if not isinstance(v, list) or not all(is_int(x) for x in v):
         raise Unsupported
     if len(v) == 1:
         return v * rank
@@ -63,10 +63,10 @@ class _Conv:
     """A checked convolution signature, its sizes as 2-d (N, C, H, W -> N, OC, OH, OW)."""
 
     def __init__(self, sig):
-        args = _args(sig)
+        args = arg_values(sig)
         x, w, out = sig["inputs"][args["input"]["tensor"]], sig["inputs"][args["weight"]["tensor"]], sig["outputs"][0]
         if value_of(args["transposed"]) or len({x["dtype"], w["dtype"], out["dtype"]}) != 1 \
-                or x["dtype"] not in _FLOATS:
+                or x["dtype"] not in FLOAT_DTYPES:
             raise Unsupported
         rank = len(x["size"]) - 2
         if rank not in (1, 2) or len(w["size"]) != rank + 2 or len(out["size"]) != rank + 2:
@@ -74,7 +74,7 @@ class _Conv:
         groups = value_of(args["groups"])
         self.N, self.C = x["size"][:2]
         self.OC, self.Cg = w["size"][:2]
-        if not _is_int(groups) or groups < 1 or self.C != self.Cg * groups or self.OC % groups \
+        if not is_int(groups) or groups < 1 or self.C != self.Cg * groups or self.OC % groups \
                 or out["size"][:2] != [self.N, self.OC]:
             raise Unsupported
         self.groups, self.OCg = groups, self.OC // groups
@@ -96,7 +96,7 @@ class _Conv:
         self.macs = self.N * self.OC * self.P * self.K
         if self.macs > MAX_MACS:
             raise Unsupported
-        self.T = _CTYPE[x["dtype"]]
+        self.T = C_TYPE[x["dtype"]]
         self.xs, self.ws, self.os = x["stride"], w["stride"], out["stride"]
         self.xi, self.wi = args["input"]["tensor"], args["weight"]["tensor"]
         self.bias = None
@@ -111,21 +111,21 @@ class _Conv:
         return f"x{self.bias[0]}[({oc}) * {self.bias[1]}LL]" if self.bias is not None else f"(({self.T})0)"
 
 
-def _convolution(sig, symbol):
+def gen_convolution(sig, symbol):
     c = _Conv(sig)
     if c.OCg >= GEMM_MIN and c.K >= GEMM_MIN:
         if c.N > 1:  # one GEMM per image lost to oneDNN's batched kernels (8 images of a 3x3 over 16 channels: 0.7x)
             raise Unsupported
-        return _function(symbol, _im2col(c), sig)
+        return kernel_function(symbol, _im2col(c), sig)
     if c.KH * c.KW > MAX_TAPS:
         raise Unsupported
-    return _function(symbol, _direct(c), sig)
+    return kernel_function(symbol, _direct(c), sig)
 
 
 # -- im2col + GEMM -------------------------------------------------------------------------------------------
 
 def _flip(m: tuple) -> tuple:
-    """The BLAS view of a matrix's transpose (`gemm._matrix`'s (transposed?, ld, rows, cols))."""
+    """The BLAS view of a matrix's transpose (`gemm.gemm_matrix`'s (transposed?, ld, rows, cols))."""
     return (not m[0], m[1], m[3], m[2])
 
 
@@ -150,16 +150,16 @@ def _im2col(c: _Conv) -> list[str]:
         order = "kkc"
     else:
         raise Unsupported
-    weight = _matrix({"size": [c.OCg, K], "stride": [c.ws[0], 1]}, 0)
+    weight = gemm_matrix({"size": [c.OCg, K], "stride": [c.ws[0], 1]}, 0)
     # the output of one image and group as a [OCg, P] matrix: its pixels one stride apart (NCHW or channels-last)
     if c.OH > 1 and c.os2 != c.OW * c.os3:
         raise Unsupported
-    out = _matrix({"size": [c.OCg, P], "stride": [c.os[1], c.os3]}, 0)
+    out = gemm_matrix({"size": [c.OCg, P], "stride": [c.os[1], c.os3]}, 0)
     rows_out = not out[0]  # out[OCg, P] row-major: taps as [K, P]; else out^T[P, OCg] row-major, taps [P, K]
     direct_input = (c.KH, c.KW, c.stride, c.pad) == (1, 1, [1, 1], [0, 0]) and (c.H == 1 or c.xs2 == c.W * c.xs3)
     if direct_input:  # a 1x1 convolution reads its input as the matrix of taps: [Cg, P]
         try:
-            taps = _matrix({"size": [c.Cg, P], "stride": [c.xs[1], c.xs3]}, 0)
+            taps = gemm_matrix({"size": [c.Cg, P], "stride": [c.xs[1], c.xs3]}, 0)
         except Unsupported:
             direct_input = False
     if not direct_input:
@@ -180,9 +180,9 @@ def _im2col(c: _Conv) -> list[str]:
     beta = "1" if c.bias is not None else "0"
     w_g, source = f"x{c.wi} + g * {c.OCg * c.ws[0]}LL", "xg" if direct_input else "col"
     if rows_out:  # out[OCg, P] = W[OCg, K] taps[K, P]
-        call = _gemm_call(T, w_g, source, "og", weight, taps, out, c.OCg, P, K, "1", beta)
+        call = gemm_call(T, w_g, source, "og", weight, taps, out, c.OCg, P, K, "1", beta)
     else:  # out^T[P, OCg] = taps^T[P, K] W^T[K, OCg]
-        call = _gemm_call(T, source, w_g, "og", _flip(taps), _flip(weight), _flip(out), P, c.OCg, K, "1", beta)
+        call = gemm_call(T, source, w_g, "og", _flip(taps), _flip(weight), _flip(out), P, c.OCg, K, "1", beta)
     lines += ["  " + ln for ln in call] + ["  }"]
     if not direct_input:
         lines += ["  free(col);"]

@@ -20,9 +20,9 @@ ERRORS = {1: (IndexError, "index out of range in self"),
 # Pointwise loops over at least this many elements are split over threads.
 PARALLEL_MIN = 32768
 
-_CTYPE = {"float32": "float", "float64": "double", "bool": "uint8_t", "int64": "int64_t", "int32": "int32_t",
+C_TYPE = {"float32": "float", "float64": "double", "bool": "uint8_t", "int64": "int64_t", "int32": "int32_t",
           "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t"}
-_FLOATS = ("float32", "float64")
+FLOAT_DTYPES = ("float32", "float64")
 
 
 class Unsupported(Exception):
@@ -31,20 +31,20 @@ class Unsupported(Exception):
 
 # -- emitting --------------------------------------------------------------------------------------------
 
-def _args(sig) -> dict:
+def arg_values(sig) -> dict:
     return {name: value for name, value in sig["args"]}
 
 
-def _numel(size) -> int:
+def element_count(size) -> int:
     return math.prod(size)
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     """A plain int argument (sizes, dims, pads): Python counts a bool as an int, a signature does not."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _literal(v, ctype: str) -> str:
+def c_literal(v, ctype: str) -> str:
     v = value_of(v)
     if isinstance(v, bool):
         v = int(v)
@@ -60,32 +60,32 @@ def _literal(v, ctype: str) -> str:
     return f"(({ctype})({text}))"
 
 
-def _fn(name: str, T: str) -> str:
+def math_fn(name: str, T: str) -> str:
     return f"{name}f" if T == "float" else name
 
 
 def _pointers(sig, extra_inputs: int = 0) -> list[str]:
     lines = []
     for k, d in enumerate(sig["inputs"]):
-        lines.append(f"  const {_CTYPE[d['dtype']]} *restrict x{k} = (const {_CTYPE[d['dtype']]} *)p[{k}];")
+        lines.append(f"  const {C_TYPE[d['dtype']]} *restrict x{k} = (const {C_TYPE[d['dtype']]} *)p[{k}];")
     base = len(sig["inputs"])
     for k, d in enumerate(sig["outputs"]):
-        lines.append(f"  {_CTYPE[d['dtype']]} *restrict y{k} = ({_CTYPE[d['dtype']]} *)p[{base + k}];")
+        lines.append(f"  {C_TYPE[d['dtype']]} *restrict y{k} = ({C_TYPE[d['dtype']]} *)p[{base + k}];")
     for k in range(extra_inputs):
         lines.append(f"  const void *restrict e{k} = p[{base + len(sig['outputs']) + k}];")
     return lines
 
 
-def _function(symbol: str, body: list[str], sig, extra_inputs: int = 0) -> str:
+def kernel_function(symbol: str, body: list[str], sig, extra_inputs: int = 0) -> str:
     for d in sig["inputs"] + sig["outputs"]:
-        if d["dtype"] not in _CTYPE:
+        if d["dtype"] not in C_TYPE:
             raise Unsupported
     return f"int {symbol}(void **p) {{\n" + "\n".join(_pointers(sig, extra_inputs) + body) + "\n  return 0;\n}\n"
 
 
 # -- loops over strided layouts --------------------------------------------------------------------------
 
-def _broadcast(d: dict, size: list) -> list:
+def broadcast_strides(d: dict, size: list) -> list:
     """Strides of layout ``d`` read as if broadcast to ``size``."""
     rank, own = len(size), len(d["size"])
     if own > rank:
@@ -102,7 +102,7 @@ def _broadcast(d: dict, size: list) -> list:
     return out
 
 
-def _collapse(size: list, strides: list[list]) -> tuple[list, list[list]]:
+def collapse_dims(size: list, strides: list[list]) -> tuple[list, list[list]]:
     """Drop size-1 dims and merge dims that are contiguous in every array (fewer, longer loops)."""
     keep = [k for k, s in enumerate(size) if s != 1]
     size = [size[k] for k in keep]
@@ -119,13 +119,13 @@ def _collapse(size: list, strides: list[list]) -> tuple[list, list[list]]:
     return size, strides
 
 
-def _memory_order(size: list, strides: list[list]) -> tuple[list, list[list]]:
+def memory_order(size: list, strides: list[list]) -> tuple[list, list[list]]:
     """``size`` and ``strides`` with the dims in the first array's memory order (largest stride first)."""
     order = sorted(range(len(size)), key=lambda d: -abs(strides[0][d]))  # stable: ties keep their order
     return [size[d] for d in order], [[st[d] for d in order] for st in strides]
 
 
-def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = True,
+def emit_loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = True,
            in_memory_order: bool = True) -> list[str]:
     """Nested loops over ``size``; ``emit(indices)`` gives the body's lines for index expressions.
 
@@ -134,8 +134,8 @@ def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = T
     the innermost loop walks it with the smallest step (a channels-last image: the channels, not its
     width at a stride of C); only for bodies whose iterations are independent."""
     if in_memory_order:
-        size, strides = _memory_order(size, strides)
-    size, strides = _collapse(size, strides)
+        size, strides = memory_order(size, strides)
+    size, strides = collapse_dims(size, strides)
     if not size:
         return ["  {"] + ["    " + ln for ln in emit(["0"] * len(strides))] + ["  }"]
     lines = []
@@ -158,7 +158,7 @@ def _loops(size: list, strides: list[list], emit, parallel: bool, simd: bool = T
 
 # -- rows: the contiguous inner dims of a layout (norms, softmax, gathers) --------------------------------
 
-def _contiguous(size: list, stride: list) -> bool:
+def is_dense(size: list, stride: list) -> bool:
     """Whether ``size`` laid out at ``stride`` is dense in row-major order (size-1 dims at any stride)."""
     expect = 1
     for s, st in zip(reversed(size), reversed(stride)):
@@ -168,32 +168,32 @@ def _contiguous(size: list, stride: list) -> bool:
     return True
 
 
-def _rows(d: dict, inner_dims: int) -> tuple[int, int, int]:
+def row_shape(d: dict, inner_dims: int) -> tuple[int, int, int]:
     """(rows, row length, row stride) of layout ``d`` whose last ``inner_dims`` dims are contiguous."""
     size, stride = d["size"], d["stride"]
     if inner_dims > len(size) or inner_dims < 1:
         raise Unsupported
     inner = size[len(size) - inner_dims:]
-    if not _contiguous(inner, stride[len(size) - inner_dims:]):
+    if not is_dense(inner, stride[len(size) - inner_dims:]):
         raise Unsupported
-    outer_size, outer_stride = _collapse(list(size[:len(size) - inner_dims]), [list(stride[:len(size) - inner_dims])])
+    outer_size, outer_stride = collapse_dims(list(size[:len(size) - inner_dims]), [list(stride[:len(size) - inner_dims])])
     if len(outer_size) > 1:
         raise Unsupported
     rows = outer_size[0] if outer_size else 1
-    return rows, _numel(inner), (outer_stride[0][0] if outer_size else 0)
+    return rows, element_count(inner), (outer_stride[0][0] if outer_size else 0)
 
 
-def _row_pairs(x: dict, out: dict, inner_dims: int) -> tuple[int, int, int, int]:
+def row_pairs(x: dict, out: dict, inner_dims: int) -> tuple[int, int, int, int]:
     """(rows, row length, x's row stride, out's row stride) of an op that maps each row of ``x`` (its last
     ``inner_dims`` dims) to the same row of ``out``; rows of no elements get no kernel."""
-    rows, n, rs = _rows(x, inner_dims)
-    orows, on, ors = _rows(out, inner_dims)
+    rows, n, rs = row_shape(x, inner_dims)
+    orows, on, ors = row_shape(out, inner_dims)
     if (orows, on) != (rows, n) or n == 0:
         raise Unsupported
     return rows, n, rs, ors
 
 
-def _row_loop(T: str, rows: int, n: int, x: int, rs: int, ors: int, out: str) -> list[str]:
+def row_loop(T: str, rows: int, n: int, x: int, rs: int, ors: int, out: str) -> list[str]:
     """The opening of a loop over ``rows`` rows of ``n`` elements (split over threads when large), with
     ``row`` pointing into input ``x`` and ``out`` into output 0; the caller closes the loop's brace."""
     return [f"  {'#pragma omp parallel for' if rows * n >= PARALLEL_MIN else ''}",

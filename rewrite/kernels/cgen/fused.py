@@ -1,12 +1,12 @@
 """Fused groups: neighbouring pointwise steps and inference batch norms of one shape in one loop."""
 from __future__ import annotations
 
-from .core import _CTYPE, PARALLEL_MIN, Unsupported, _args, _broadcast, _function, _loops, _numel
-from .norms import BATCH_NORM, _batch_norm_prologue, _batch_norm_terms, _channel_strides
-from .pointwise import _POINTWISE, _Loads, _pointwise_value
+from .core import C_TYPE, PARALLEL_MIN, Unsupported, arg_values, broadcast_strides, kernel_function, emit_loops, element_count
+from .norms import BATCH_NORM, batch_norm_prologue, batch_norm_terms, channel_strides
+from .pointwise import POINTWISE_FORMULAS, Loads, pointwise_value
 
 
-def _fused(sig, symbol):
+def gen_fused(sig, symbol):
     """Steps of one shape in one loop (`rewrite.kernels.fusion`): pointwise ops and inference batch norms,
     each step's result a register the later steps read, so the values between them never reach memory.
 
@@ -16,7 +16,7 @@ def _fused(sig, symbol):
     the result is bit for bit that of the steps run one by one; only transcendental functions may differ
     in the last bits, as between any two loops: their vector (libmvec) and scalar versions differ, and the
     loop's shape decides which one an element gets."""
-    steps = _args(sig).get("steps")
+    steps = arg_values(sig).get("steps")
     if not steps or len(sig["outputs"]) != 1:
         raise Unsupported
     out = sig["outputs"][0]
@@ -36,7 +36,7 @@ def _fused(sig, symbol):
                     or (kind == "input" and source["stride"] != step_sig["inputs"][k]["stride"]):
                 raise Unsupported
         if step_sig["op"] == BATCH_NORM:
-            T, x_at, per_channel, channels = _batch_norm_terms(step_sig)
+            T, x_at, per_channel, channels = batch_norm_terms(step_sig)
             normed[j] = (T, x_at)
             in_loop.update(at for kind, at in step["sources"][x_at:x_at + 1] if kind == "input")
 
@@ -46,20 +46,20 @@ def _fused(sig, symbol):
                     raise Unsupported
                 return f"x{at}"
 
-            prologue += _batch_norm_prologue(T, per_channel, channels, _args(step_sig)["eps"], str(j), array)
+            prologue += batch_norm_prologue(T, per_channel, channels, arg_values(step_sig)["eps"], str(j), array)
             channel = len(sig["inputs"]) + 1  # index of the per-channel arrays' strides, after the inputs'
-        elif step_sig["op"] in _POINTWISE:
-            _pointwise_value(step_sig, lambda k, ctype: "v")  # unsupported steps fail here, before any loop
+        elif step_sig["op"] in POINTWISE_FORMULAS:
+            pointwise_value(step_sig, lambda k, ctype: "v")  # unsupported steps fail here, before any loop
             in_loop.update(at for kind, at in step["sources"] if kind == "input")
         else:
             raise Unsupported
-    strides = [out["stride"]] + [_broadcast(d, size) if k in in_loop else [0] * len(size)
+    strides = [out["stride"]] + [broadcast_strides(d, size) if k in in_loop else [0] * len(size)
                                  for k, d in enumerate(sig["inputs"])]
     if channel is not None:
-        strides.append(_channel_strides(len(size)))
+        strides.append(channel_strides(len(size)))
 
     def body(index):
-        loads, lines = _Loads(index), []
+        loads, lines = Loads(index), []
         for j, step in enumerate(steps):
             step_sig, sources = step["signature"], step["sources"]
 
@@ -72,10 +72,10 @@ def _fused(sig, symbol):
                 c = index[channel]
                 value = f"{read(x_at, T)} * alpha{j}[{c}] + beta{j}[{c}]"
             else:
-                T = _CTYPE[step_sig["outputs"][0]["dtype"]]
-                value = _pointwise_value(step_sig, read)
+                T = C_TYPE[step_sig["outputs"][0]["dtype"]]
+                value = pointwise_value(step_sig, read)
             lines.append(f"{T} t{j} = {value};")
         return loads.lines + lines + [f"y0[{index[0]}] = t{len(steps) - 1};"]
 
-    body_lines = _loops(list(size), strides, body, _numel(size) >= PARALLEL_MIN)
-    return _function(symbol, prologue + body_lines, sig)
+    body_lines = emit_loops(list(size), strides, body, element_count(size) >= PARALLEL_MIN)
+    return kernel_function(symbol, prologue + body_lines, sig)

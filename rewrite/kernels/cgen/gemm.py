@@ -3,10 +3,10 @@ and MKL's packed GEMM for constant weights (`PACKED`)."""
 from __future__ import annotations
 
 from ..signature import value_of
-from .core import _CTYPE, _FLOATS, Unsupported, _args, _broadcast, _function, _literal, _loops
+from .core import C_TYPE, FLOAT_DTYPES, Unsupported, arg_values, broadcast_strides, kernel_function, c_literal, emit_loops
 
 
-def _matrix(d: dict, first: int):
+def gemm_matrix(d: dict, first: int):
     """BLAS view of the 2-D slice (dims first, first+1) of layout ``d``: (transposed?, ld, rows, cols)."""
     r, c = d["size"][first], d["size"][first + 1]
     s0, s1 = d["stride"][first], d["stride"][first + 1]
@@ -17,7 +17,7 @@ def _matrix(d: dict, first: int):
     raise Unsupported
 
 
-def _gemm_call(T, a: str, b: str, c: str, A, B, C, m, n, k, alpha: str, beta: str) -> list[str]:
+def gemm_call(T, a: str, b: str, c: str, A, B, C, m, n, k, alpha: str, beta: str) -> list[str]:
     """Row-major C[m,n] = alpha A[m,k] B[k,n] + beta C, as the column-major C^T = B^T A^T BLAS computes."""
     ta, lda = A[0], A[1]
     tb, ldb = B[0], B[1]
@@ -41,14 +41,14 @@ def _packed_call(a: str, A, m: int, n: int, k: int, C, beta: str) -> list[str]:
             f"{k}, {beta}, y0, {C[1]});"]
 
 
-def _mm(sig, symbol, with_bias: bool):
-    args = _args(sig)
+def gen_mm(sig, symbol, with_bias: bool):
+    args = arg_values(sig)
     packed = bool(args.get(PACKED))
     a_ref = args["mat1" if with_bias else "self"]["tensor"]  # addmm(self=bias, mat1, mat2); mm(self, mat2)
     A, B, C = sig["inputs"][a_ref], sig["inputs"][args["mat2"]["tensor"]], sig["outputs"][0]
     if {A["dtype"], B["dtype"], C["dtype"]} - {"float32", "float64"} or len({A["dtype"], B["dtype"], C["dtype"]}) != 1:
         raise Unsupported
-    T = _CTYPE[C["dtype"]]
+    T = C_TYPE[C["dtype"]]
     m, k = A["size"]
     n = B["size"][1]
     if min(m, n, k) == 0:
@@ -61,34 +61,34 @@ def _mm(sig, symbol, with_bias: bool):
             bias = sig["inputs"][args["self"]["tensor"]]
             if bias["dtype"] != C["dtype"]:
                 raise Unsupported
-            strides = [C["stride"], _broadcast(bias, C["size"])]
-            body += _loops(list(C["size"]), strides, lambda ix: [f"y0[{ix[0]}] = x{args['self']['tensor']}[{ix[1]}];"],
+            strides = [C["stride"], broadcast_strides(bias, C["size"])]
+            body += emit_loops(list(C["size"]), strides, lambda ix: [f"y0[{ix[0]}] = x{args['self']['tensor']}[{ix[1]}];"],
                            False)
-            beta = _literal(args["beta"], T)
-        alpha = _literal(args["alpha"], T)
+            beta = c_literal(args["beta"], T)
+        alpha = c_literal(args["alpha"], T)
     else:
         alpha = "1"
     if packed:
         if T != "float" or (with_bias and (value_of(args["alpha"]) != 1 or value_of(args["beta"]) not in (0, 1))):
             raise Unsupported
-        body += _packed_call(f"x{a_ref}", _matrix(A, 0), m, n, k, _matrix(C, 0), "1.0f" if beta != "0" else "0.0f")
-        return _function(symbol, body, sig, extra_inputs=1)
-    body += _gemm_call(T, f"x{a_ref}", f"x{args['mat2']['tensor']}", "y0", _matrix(A, 0),
-                       _matrix(B, 0), _matrix(C, 0), m, n, k, alpha, beta)
-    return _function(symbol, body, sig)
+        body += _packed_call(f"x{a_ref}", gemm_matrix(A, 0), m, n, k, gemm_matrix(C, 0), "1.0f" if beta != "0" else "0.0f")
+        return kernel_function(symbol, body, sig, extra_inputs=1)
+    body += gemm_call(T, f"x{a_ref}", f"x{args['mat2']['tensor']}", "y0", gemm_matrix(A, 0),
+                       gemm_matrix(B, 0), gemm_matrix(C, 0), m, n, k, alpha, beta)
+    return kernel_function(symbol, body, sig)
 
 
-def _bmm(sig, symbol):
-    args = _args(sig)
+def gen_bmm(sig, symbol):
+    args = arg_values(sig)
     A, B, C = sig["inputs"][args["self"]["tensor"]], sig["inputs"][args["mat2"]["tensor"]], sig["outputs"][0]
-    if len({A["dtype"], B["dtype"], C["dtype"]}) != 1 or C["dtype"] not in _FLOATS:
+    if len({A["dtype"], B["dtype"], C["dtype"]}) != 1 or C["dtype"] not in FLOAT_DTYPES:
         raise Unsupported
-    T = _CTYPE[C["dtype"]]
+    T = C_TYPE[C["dtype"]]
     batch, m, k = A["size"]
     n = B["size"][2]
     if min(batch, m, n, k) == 0:
         raise Unsupported
-    call = _gemm_call(T, f"x{args['self']['tensor']} + i * {A['stride'][0]}LL",
+    call = gemm_call(T, f"x{args['self']['tensor']} + i * {A['stride'][0]}LL",
                       f"x{args['mat2']['tensor']} + i * {B['stride'][0]}LL", f"y0 + i * {C['stride'][0]}LL",
-                      _matrix(A, 1), _matrix(B, 1), _matrix(C, 1), m, n, k, "1", "0")
-    return _function(symbol, [f"  for (int64_t i = 0; i < {batch}LL; i++)"] + call, sig)
+                      gemm_matrix(A, 1), gemm_matrix(B, 1), gemm_matrix(C, 1), m, n, k, "1", "0")
+    return kernel_function(symbol, [f"  for (int64_t i = 0; i < {batch}LL; i++)"] + call, sig)

@@ -2,30 +2,30 @@
 per-channel terms, `_batch_norm_terms` and `_batch_norm_prologue`, serve a fused kernel's steps too)."""
 from __future__ import annotations
 
-from .core import (_CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _contiguous, _fn, _function, _literal, _loops,
-                   _numel, _row_loop, _row_pairs, _rows)
+from .core import (C_TYPE, FLOAT_DTYPES, PARALLEL_MIN, Unsupported, arg_values, is_dense, math_fn, kernel_function, c_literal, emit_loops,
+                   element_count, row_loop, row_pairs, row_shape)
 
 
-def _layer_norm(sig, symbol):
-    args = _args(sig)
+def gen_layer_norm(sig, symbol):
+    args = arg_values(sig)
     x = sig["inputs"][args["input"]["tensor"]]
-    if x["dtype"] not in _FLOATS or any(o["dtype"] != x["dtype"] for o in sig["outputs"]):
+    if x["dtype"] not in FLOAT_DTYPES or any(o["dtype"] != x["dtype"] for o in sig["outputs"]):
         raise Unsupported
-    T = _CTYPE[x["dtype"]]
+    T = C_TYPE[x["dtype"]]
     inner = len(args["normalized_shape"])
-    rows, n, rs, ors = _row_pairs(x, sig["outputs"][0], inner)
+    rows, n, rs, ors = row_pairs(x, sig["outputs"][0], inner)
     for stats in sig["outputs"][1:]:  # mean and rstd: one value per row, contiguous
-        if _numel(stats["size"]) != rows or not _contiguous(stats["size"], stats["stride"]):
+        if element_count(stats["size"]) != rows or not is_dense(stats["size"], stats["stride"]):
             raise Unsupported
     w, b = args["weight"], args["bias"]
     for t in (w, b):
-        if t is not None and _rows(sig["inputs"][t["tensor"]], len(sig["inputs"][t["tensor"]]["size"]))[1] != n:
+        if t is not None and row_shape(sig["inputs"][t["tensor"]], len(sig["inputs"][t["tensor"]]["size"]))[1] != n:
             raise Unsupported
-    eps = _literal(args["eps"], "double")
+    eps = c_literal(args["eps"], "double")
     scale = f" * x{w['tensor']}[j]" if w is not None else ""
     shift = f" + x{b['tensor']}[j]" if b is not None else ""
     body = [
-        *_row_loop(T, rows, n, args["input"]["tensor"], rs, ors, "out"),
+        *row_loop(T, rows, n, args["input"]["tensor"], rs, ors, "out"),
         "    double sum = 0, sq = 0;",
         "    #pragma omp simd reduction(+:sum)",
         f"    for (int64_t j = 0; j < {n}LL; j++) sum += row[j];",
@@ -43,23 +43,23 @@ def _layer_norm(sig, symbol):
         "    y2[r] = s;",
         "  }",
     ]
-    return _function(symbol, body, sig)
+    return kernel_function(symbol, body, sig)
 
 
 MAX_CHANNELS = 16384  # batch norm's per-channel terms live on the kernel's stack
 BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"  # inference batch norm (a fused kernel's step too)
 
 
-def _batch_norm_terms(sig) -> tuple[str, int, dict, int]:
+def batch_norm_terms(sig) -> tuple[str, int, dict, int]:
     """(C type, input index of x, per-channel inputs, channels) of an inference batch norm's signature;
     per-channel inputs: name -> (input index, stride) for weight, bias, running_mean, running_var."""
-    args = _args(sig)
+    args = arg_values(sig)
     x, out = sig["inputs"][args["input"]["tensor"]], sig["outputs"][0]
-    if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or len(x["size"]) < 2 or out["size"] != x["size"] \
-            or any(_numel(o["size"]) != 0 for o in sig["outputs"][1:]):
+    if x["dtype"] not in FLOAT_DTYPES or out["dtype"] != x["dtype"] or len(x["size"]) < 2 or out["size"] != x["size"] \
+            or any(element_count(o["size"]) != 0 for o in sig["outputs"][1:]):
         raise Unsupported
-    T, channels = _CTYPE[x["dtype"]], x["size"][1]
-    if not 0 < channels <= MAX_CHANNELS or _numel(x["size"]) == 0:
+    T, channels = C_TYPE[x["dtype"]], x["size"][1]
+    if not 0 < channels <= MAX_CHANNELS or element_count(x["size"]) == 0:
         raise Unsupported
     per_channel = {}
     for name in ("weight", "bias", "running_mean", "running_var"):
@@ -75,7 +75,7 @@ def _batch_norm_terms(sig) -> tuple[str, int, dict, int]:
     return T, args["input"]["tensor"], per_channel, channels
 
 
-def _batch_norm_prologue(T: str, per_channel: dict, channels: int, eps, suffix: str, source) -> list[str]:
+def batch_norm_prologue(T: str, per_channel: dict, channels: int, eps, suffix: str, source) -> list[str]:
     """Lines filling ``alpha{suffix}``/``beta{suffix}``; ``source(k)`` names the array of input ``k``."""
     def at(name, default):
         if name not in per_channel:
@@ -85,26 +85,26 @@ def _batch_norm_prologue(T: str, per_channel: dict, channels: int, eps, suffix: 
 
     return [f"  {T} alpha{suffix}[{channels}], beta{suffix}[{channels}];",
             f"  for (int64_t c = 0; c < {channels}LL; c++) {{",
-            f"    {T} invstd = (({T})1) / {_fn('sqrt', T)}({at('running_var', None)} + {_literal(eps, T)});",
+            f"    {T} invstd = (({T})1) / {math_fn('sqrt', T)}({at('running_var', None)} + {c_literal(eps, T)});",
             f"    alpha{suffix}[c] = invstd * {at('weight', f'(({T})1)')};",
             f"    beta{suffix}[c] = {at('bias', f'(({T})0)')} - {at('running_mean', None)} * alpha{suffix}[c];",
             "  }"]
 
 
-def _channel_strides(rank: int) -> list:
+def channel_strides(rank: int) -> list:
     """Strides that read a per-channel array as a [1, C, 1, ...] tensor broadcast over an image."""
     return [0, 1] + [0] * (rank - 2)
 
 
-def _batch_norm(sig, symbol):
+def gen_batch_norm(sig, symbol):
     """Batch norm with running statistics (``_native_batch_norm_legit_no_training``), ATen's CPU formula:
     per channel alpha = invstd * weight and beta = bias - mean * alpha with invstd = 1 / sqrt(var + eps),
     all in the input's type (its opmath for float32 and float64), then out = x * alpha + beta (a multiply
     and an add, no FMA, as ATen's vectorized loop) at any strides; the saved statistics it returns are empty."""
-    T, x_at, per_channel, channels = _batch_norm_terms(sig)
+    T, x_at, per_channel, channels = batch_norm_terms(sig)
     x, out = sig["inputs"][x_at], sig["outputs"][0]
-    body = _batch_norm_prologue(T, per_channel, channels, _args(sig)["eps"], "", lambda k: f"x{k}")
-    strides = [out["stride"], x["stride"], _channel_strides(len(x["size"]))]
-    body += _loops(list(x["size"]), strides, lambda ix: [f"y0[{ix[0]}] = x{x_at}[{ix[1]}] * alpha[{ix[2]}] + beta[{ix[2]}];"],
-                   _numel(x["size"]) >= PARALLEL_MIN)
-    return _function(symbol, body, sig)
+    body = batch_norm_prologue(T, per_channel, channels, arg_values(sig)["eps"], "", lambda k: f"x{k}")
+    strides = [out["stride"], x["stride"], channel_strides(len(x["size"]))]
+    body += emit_loops(list(x["size"]), strides, lambda ix: [f"y0[{ix[0]}] = x{x_at}[{ix[1]}] * alpha[{ix[2]}] + beta[{ix[2]}];"],
+                   element_count(x["size"]) >= PARALLEL_MIN)
+    return kernel_function(symbol, body, sig)

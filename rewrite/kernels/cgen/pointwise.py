@@ -7,17 +7,17 @@ from __future__ import annotations
 import math
 
 from ..signature import value_of
-from .core import (_CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _broadcast, _fn, _function, _literal, _loops,
-                   _numel)
+from .core import (C_TYPE, FLOAT_DTYPES, PARALLEL_MIN, Unsupported, arg_values, broadcast_strides, math_fn, kernel_function, c_literal, emit_loops,
+                   element_count)
 
 
 def _gelu(e, raw, T):
     x = e["self"]
     if raw["approximate"] == "tanh":
-        return (f"(({T})0.5) * {x} * ((({T})1) + {_fn('tanh', T)}((({T})0.7978845608028654) * ({x} + (({T})0.044715) "
+        return (f"(({T})0.5) * {x} * ((({T})1) + {math_fn('tanh', T)}((({T})0.7978845608028654) * ({x} + (({T})0.044715) "
                 f"* {x} * {x} * {x})))")
     if raw["approximate"] == "none":
-        return f"{x} * (({T})0.5) * ((({T})1) + {_fn('erf', T)}({x} * (({T})0.7071067811865476)))"
+        return f"{x} * (({T})0.5) * ((({T})1) + {math_fn('erf', T)}({x} * (({T})0.7071067811865476)))"
     raise Unsupported
 
 
@@ -28,7 +28,7 @@ def _pow_scalar(e, raw, T):
                -0.5: f"(({T})1) / sqrt{'f' if T == 'float' else ''}({x})"}
     if isinstance(ex, (int, float)) and not isinstance(ex, bool) and ex in special:
         return special[ex]
-    return f"{_fn('pow', T)}({x}, {e['exponent']})"
+    return f"{math_fn('pow', T)}({x}, {e['exponent']})"
 
 
 def _clamp(x, lo, hi):
@@ -63,19 +63,19 @@ def _maxmin(e, op):
 _UNARY_FN = {"exp": "exp", "log": "log", "tanh": "tanh", "sin": "sin", "cos": "cos", "erf": "erf",
              "expm1": "expm1", "log1p": "log1p", "sqrt": "sqrt", "abs": "fabs"}
 # op -> (names of the operands, expression builder(e: name -> C expression, raw: name -> value, T))
-_POINTWISE: dict = {
-    **{f"aten.{name}.default": (("self",), lambda e, raw, T, f=f: f"{_fn(f, T)}({e['self']})")
+POINTWISE_FORMULAS: dict = {
+    **{f"aten.{name}.default": (("self",), lambda e, raw, T, f=f: f"{math_fn(f, T)}({e['self']})")
        for name, f in _UNARY_FN.items()},
     "aten.neg.default": (("self",), lambda e, raw, T: f"-{e['self']}"),
     "aten.reciprocal.default": (("self",), lambda e, raw, T: f"(({T})1) / {e['self']}"),
-    "aten.rsqrt.default": (("self",), lambda e, raw, T: f"(({T})1) / {_fn('sqrt', T)}({e['self']})"),
-    "aten.sigmoid.default": (("self",), lambda e, raw, T: f"(({T})1) / ((({T})1) + {_fn('exp', T)}(-{e['self']}))"),
-    "aten.silu.default": (("self",), lambda e, raw, T: f"{e['self']} / ((({T})1) + {_fn('exp', T)}(-{e['self']}))"),
+    "aten.rsqrt.default": (("self",), lambda e, raw, T: f"(({T})1) / {math_fn('sqrt', T)}({e['self']})"),
+    "aten.sigmoid.default": (("self",), lambda e, raw, T: f"(({T})1) / ((({T})1) + {math_fn('exp', T)}(-{e['self']}))"),
+    "aten.silu.default": (("self",), lambda e, raw, T: f"{e['self']} / ((({T})1) + {math_fn('exp', T)}(-{e['self']}))"),
     # relu is ATen's clamp_min(x, 0): -0.0 and NaN stay themselves (`x > 0 ? x : 0` made -0.0 into 0.0)
     "aten.relu.default": (("self",), lambda e, raw, T: f"({e['self']} < 0 ? (({T})0) : {e['self']})"),
     "aten.gelu.default": (("self", "approximate"), _gelu),
     "aten.pow.Tensor_Scalar": (("self", "exponent"), _pow_scalar),
-    "aten.pow.Tensor_Tensor": (("self", "exponent"), lambda e, raw, T: f"{_fn('pow', T)}({e['self']}, {e['exponent']})"),
+    "aten.pow.Tensor_Tensor": (("self", "exponent"), lambda e, raw, T: f"{math_fn('pow', T)}({e['self']}, {e['exponent']})"),
     "aten.clamp.default": _clamp_op("min", "max"),
     "aten.clamp_min.default": _clamp_op("min", None),
     "aten.clamp_max.default": _clamp_op(None, "max"),
@@ -100,7 +100,7 @@ def _add(a: str, b: str, alpha, T: str) -> str:
     """ATen's add: a + alpha * b as one fused multiply-add (vec::fmadd(b, alpha, a)) where alpha is not 1;
     two roundings differed from it where a and alpha * b nearly cancel (tests/test_kernel_diff.py)."""
     v = value_of(alpha)
-    return f"{a} + {b}" if v == 1 else f"{_fn('fma', T)}({_literal(v, T)}, {b}, {a})"
+    return f"{a} + {b}" if v == 1 else f"{math_fn('fma', T)}({c_literal(v, T)}, {b}, {a})"
 
 
 def _subtract(a: str, b: str, alpha, T: str) -> str:
@@ -111,20 +111,20 @@ def _subtract(a: str, b: str, alpha, T: str) -> str:
 
 
 for _ov in ("Tensor", "Scalar"):
-    _POINTWISE[f"aten.add.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _add(
+    POINTWISE_FORMULAS[f"aten.add.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _add(
         e["self"], e["other"], raw["alpha"], T))
-    _POINTWISE[f"aten.sub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
+    POINTWISE_FORMULAS[f"aten.sub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
         e["self"], e["other"], raw["alpha"], T))
-    _POINTWISE[f"aten.rsub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
+    POINTWISE_FORMULAS[f"aten.rsub.{_ov}"] = (("self", "other", "alpha"), lambda e, raw, T: _subtract(
         e["other"], e["self"], raw["alpha"], T))
 for _name, _op in (("mul", "*"), ("div", "/")):
     for _ov in ("Tensor", "Scalar"):
-        _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"{e['self']} {op} {e['other']}")
+        POINTWISE_FORMULAS[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"{e['self']} {op} {e['other']}")
 _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 for _name, _op in _COMPARISONS.items():
     for _ov in ("Tensor", "Scalar"):
-        _POINTWISE[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"({e['self']} {op} {e['other']})")
-POINTWISE_OPS = frozenset(_POINTWISE)  # the ops `_pointwise_value` computes (a fused kernel's steps)
+        POINTWISE_FORMULAS[f"aten.{_name}.{_ov}"] = (("self", "other"), lambda e, raw, T, op=_op: f"({e['self']} {op} {e['other']})")
+POINTWISE_OPS = frozenset(POINTWISE_FORMULAS)  # the ops `_pointwise_value` computes (a fused kernel's steps)
 _BOOL_OPERANDS = {"condition", "mask"}
 _ALLOWED_EXTRA = {"aten._to_copy.default": {"dtype", "non_blocking", "memory_format", "layout", "device",
                                             "pin_memory"},
@@ -146,13 +146,13 @@ def _compare_type(sig, args, operand_names) -> str:
     return "double" if "float64" in (dims or zero_dim) else "float"
 
 
-def _pointwise_value(sig, read) -> str:
+def pointwise_value(sig, read) -> str:
     """The C expression of pointwise op ``sig``'s result, converted to its output's C type.
 
     ``read(k, ctype)`` gives the expression of the op's input ``k`` converted to ``ctype`` (a loaded
     variable in a kernel of its own, a register of an earlier step in a fused one, `_fused`)."""
-    operand_names, build = _POINTWISE[sig["op"]]
-    args = _args(sig)
+    operand_names, build = POINTWISE_FORMULAS[sig["op"]]
+    args = arg_values(sig)
     out = sig["outputs"][0]
     if len(sig["outputs"]) != 1:
         raise Unsupported
@@ -164,14 +164,14 @@ def _pointwise_value(sig, read) -> str:
             raise Unsupported
     float_inputs = [sig["inputs"][args[n]["tensor"]]["dtype"] for n in operand_names
                     if isinstance(args.get(n), dict) and "tensor" in args[n] and n not in _BOOL_OPERANDS]
-    if any(d not in _FLOATS for d in float_inputs):
+    if any(d not in FLOAT_DTYPES for d in float_inputs):
         raise Unsupported
     if out["dtype"] == "bool":
         if not float_inputs:
             raise Unsupported
         T = _compare_type(sig, args, operand_names)
-    elif out["dtype"] in _FLOATS:
-        T = _CTYPE[out["dtype"]]
+    elif out["dtype"] in FLOAT_DTYPES:
+        T = C_TYPE[out["dtype"]]
     else:
         raise Unsupported
     exprs, raw = {}, {}
@@ -186,7 +186,7 @@ def _pointwise_value(sig, read) -> str:
         elif isinstance(v, dict) and "tensors" in v:
             raise Unsupported
         elif v is not None and not isinstance(v, str):
-            exprs[name] = _literal(v, T)
+            exprs[name] = c_literal(v, T)
     expr = build(exprs, raw, T)
     if out["dtype"] == "bool":
         # A bool result is "nonzero", never a C cast: C converts a float to an integer type by truncating
@@ -194,10 +194,10 @@ def _pointwise_value(sig, read) -> str:
         # so `(uint8_t)x` turned a float attention mask's large negative values into False (issue 24).
         # torch's bool(x) is x != 0 (NaN is True); comparisons already give 0 or 1, which this keeps.
         return f"(uint8_t)(({expr}) != 0)"
-    return f"({_CTYPE[out['dtype']]})({expr})"
+    return f"({C_TYPE[out['dtype']]})({expr})"
 
 
-class _Loads:
+class Loads:
     """The loads of one loop body: each (input, C type) read once, into a variable of its own."""
 
     def __init__(self, index: list):
@@ -213,14 +213,14 @@ class _Loads:
         return name
 
 
-def _pointwise(sig, symbol):
+def gen_pointwise(sig, symbol):
     size = sig["outputs"][0]["size"]
-    strides = [sig["outputs"][0]["stride"]] + [_broadcast(d, size) for d in sig["inputs"]]
-    _pointwise_value(sig, lambda k, ctype: "v")  # unsupported signatures fail here, before any loop is made
+    strides = [sig["outputs"][0]["stride"]] + [broadcast_strides(d, size) for d in sig["inputs"]]
+    pointwise_value(sig, lambda k, ctype: "v")  # unsupported signatures fail here, before any loop is made
 
     def body(index):
-        loads = _Loads(index)
-        value = _pointwise_value(sig, loads.read)
+        loads = Loads(index)
+        value = pointwise_value(sig, loads.read)
         return loads.lines + [f"y0[{index[0]}] = {value};"]
 
-    return _function(symbol, _loops(list(size), strides, body, _numel(size) >= PARALLEL_MIN), sig)
+    return kernel_function(symbol, emit_loops(list(size), strides, body, element_count(size) >= PARALLEL_MIN), sig)

@@ -2,39 +2,39 @@
 from __future__ import annotations
 
 from ..signature import value_of
-from .core import _CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _function, _is_int, _numel
+from .core import C_TYPE, FLOAT_DTYPES, PARALLEL_MIN, Unsupported, arg_values, kernel_function, is_int, element_count
 
 
-def _max_pool2d(sig, symbol):
+def gen_max_pool2d(sig, symbol):
     """``max_pool2d_with_indices`` (values and flat indices into each input plane), ATen's CPU scan: the
     window's in-bounds positions in row-major order, a position taken when its value is greater than the
     maximum so far or is NaN (so the first of equal maxima, the last NaN), starting from -inf at the
     window's first in-bounds position. Any strides (channels-last too); output sizes are the recorded ones."""
-    args = _args(sig)
+    args = arg_values(sig)
     x = sig["inputs"][args["self"]["tensor"]]
     values, indices = sig["outputs"]
     kernel, stride, padding, dilation = (value_of(args.get(k)) for k in ("kernel_size", "stride", "padding",
                                                                         "dilation"))
-    if x["dtype"] not in _FLOATS or values["dtype"] != x["dtype"] or indices["dtype"] != "int64" \
+    if x["dtype"] not in FLOAT_DTYPES or values["dtype"] != x["dtype"] or indices["dtype"] != "int64" \
             or len(x["size"]) != 4 or values["size"] != indices["size"] or values["size"][:2] != x["size"][:2]:
         raise Unsupported
     pairs = []
     for v, default in ((kernel, None), (stride, kernel), (padding, 0), (dilation, 1)):
         v = default if v in (None, []) else v
-        v = [v, v] if _is_int(v) else v
+        v = [v, v] if is_int(v) else v
         if isinstance(v, list) and len(v) == 1:
             v = v * 2
-        if not isinstance(v, list) or len(v) != 2 or any(not _is_int(e) for e in v):
+        if not isinstance(v, list) or len(v) != 2 or any(not is_int(e) for e in v):
             raise Unsupported
         pairs.append(v)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = pairs
     if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
         raise Unsupported
-    T, xi = _CTYPE[x["dtype"]], args["self"]["tensor"]
+    T, xi = C_TYPE[x["dtype"]], args["self"]["tensor"]
     height, width = x["size"][2], x["size"][3]
     xs, vs, js = x["stride"], values["stride"], indices["stride"]
     n, channels, out_h, out_w = values["size"]
-    parallel = _numel(values["size"]) * kh * kw >= PARALLEL_MIN
+    parallel = element_count(values["size"]) * kh * kw >= PARALLEL_MIN
     window = [f"int64_t h0 = oh * {sh}LL - {ph}LL, w0 = ow * {sw}LL - {pw}LL;",
               f"int64_t h1 = h0 + {(kh - 1) * dh + 1}LL, w1 = w0 + {(kw - 1) * dw + 1}LL;",
               f"if (h1 > {height}LL) h1 = {height}LL;",
@@ -81,4 +81,4 @@ def _max_pool2d(sig, symbol):
             f"{value_at} = best;",
             f"{index_at} = at;"]]
         lines += ["        }", "      }", "    }", "  }"]
-    return _function(symbol, lines, sig)
+    return kernel_function(symbol, lines, sig)

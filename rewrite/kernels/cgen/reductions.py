@@ -2,31 +2,31 @@
 from __future__ import annotations
 
 from ..signature import value_of
-from .core import (_CTYPE, _FLOATS, PARALLEL_MIN, Unsupported, _args, _collapse, _function, _is_int, _loops,
-                   _memory_order, _numel)
+from .core import (C_TYPE, FLOAT_DTYPES, PARALLEL_MIN, Unsupported, arg_values, collapse_dims, kernel_function, is_int, emit_loops,
+                   memory_order, element_count)
 
 
-def _reduction(sig, symbol, mean: bool):
+def gen_reduction(sig, symbol, mean: bool):
     """``sum.dim_IntList`` / ``mean.dim`` of a float tensor over the dims listed (any strides, keepdim or
     not), its own dtype: each result summed in double, in the input's memory order (global pooling of a
     channels-last image reads its rows of channels), then divided by the count for a mean."""
-    args = _args(sig)
+    args = arg_values(sig)
     x, out = sig["inputs"][args["self"]["tensor"]], sig["outputs"][0]
     dims = value_of(args["dim"])
     rank = len(x["size"])
-    if x["dtype"] not in _FLOATS or out["dtype"] != x["dtype"] or args.get("dtype") is not None or rank == 0 \
-            or not isinstance(dims, list) or not dims or any(not _is_int(d) for d in dims):
+    if x["dtype"] not in FLOAT_DTYPES or out["dtype"] != x["dtype"] or args.get("dtype") is not None or rank == 0 \
+            or not isinstance(dims, list) or not dims or any(not is_int(d) for d in dims):
         raise Unsupported
     reduced = sorted({d % rank for d in dims})
     kept = [d for d in range(rank) if d not in reduced]
     keepdim = bool(value_of(args.get("keepdim", False)))
     out_size = [1 if d in reduced else s for d, s in enumerate(x["size"])] if keepdim else [x["size"][d] for d in kept]
-    if out_size != out["size"] or _numel(x["size"]) == 0:
+    if out_size != out["size"] or element_count(x["size"]) == 0:
         raise Unsupported
     out_strides = [out["stride"][d] for d in kept] if keepdim else list(out["stride"])
-    T, count = _CTYPE[x["dtype"]], _numel([x["size"][d] for d in reduced])
+    T, count = C_TYPE[x["dtype"]], element_count([x["size"][d] for d in reduced])
     xi = args["self"]["tensor"]
-    inner_size, (inner_stride,) = _collapse(*_memory_order([x["size"][d] for d in reduced],
+    inner_size, (inner_stride,) = collapse_dims(*memory_order([x["size"][d] for d in reduced],
                                                           [[x["stride"][d] for d in reduced]]))
 
     def body(ix):
@@ -39,6 +39,6 @@ def _reduction(sig, symbol, mean: bool):
         lines.append(f"  acc += x{xi}[{at}];")
         return lines + [f"y0[{ix[0]}] = ({T})({'acc / ' + str(count) + '.0' if mean else 'acc'});"]
 
-    parallel = _numel(x["size"]) >= PARALLEL_MIN and len(kept) > 0
-    return _function(symbol, _loops([x["size"][d] for d in kept], [out_strides, [x["stride"][d] for d in kept]], body,
+    parallel = element_count(x["size"]) >= PARALLEL_MIN and len(kept) > 0
+    return kernel_function(symbol, emit_loops([x["size"][d] for d in kept], [out_strides, [x["stride"][d] for d in kept]], body,
                                     parallel, simd=False), sig)
