@@ -2,7 +2,7 @@
 
 Pipeline of one graph (see docs/design.md, "Pipeline"):
     [post_grad_custom_pre_pass] -> from_fx -> stream scopes become node attributes -> freeze weights (optional)
-    -> optimize (Python passes + e-graph, then the graph-boundary fixes of rewrite.boundary) -> [post_grad_custom_post_pass]
+    -> optimize (Python passes + e-graph, then the finishing passes of rewrite.passes) -> [post_grad_custom_post_pass]
     -> rewrite.pipeline, shared with the loader: gears (one static graph per gear, re-optimized) ->
     build_executable (codegen / Inductor / stream scheduler; the unit's execution policy, rewrite.policy:
     in reduce-overhead mode each gear gets an execution plan or a CUDA graph, in the default mode static

@@ -2,7 +2,10 @@
 
 `SCHEDULE` is the one declarative value that says what runs, in which order, how often and under
 which limits, the finishing passes included; `python -m rewrite rules` prints it, and `optimize`
-runs exactly it. First the graph's subgraphs (branches and loop bodies). Then rounds of two steps,
+runs exactly it. It lists the values that run: the `Pass` values of `rewrite.passes` (one contract,
+``run(step) -> {what: count}``, each with its name, timing bucket and description) and, for the
+saturation, ``Run(ruleset, iterations)`` with each count written next to its ruleset object.
+First the graph's subgraphs (branches and loop bodies). Then rounds of two steps,
 each run to its own fixpoint: the hand-written passes of `rewrite.passes` (they need torch or the
 IR's structure: dead-edge elimination, size and constant folding, computed DSL rules, constant
 de-duplication, pruning) swept until a sweep changes nothing, then one e-graph run (CSE + the DSL
@@ -29,19 +32,17 @@ import dataclasses
 import gc
 import logging
 import threading
-from typing import Callable
 
-from .boundary import keep_outputs_fresh, views_as_reshapes
 from .config import CompilerConfig
 from .cost import SYMBOL_SIZE, current, for_static_kernels, graph_cost
 from .dsl import RuleSet
 from .egraph import Limits, run_egraph
 from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
-from .passes import (apply_computed_rules, channels_last_convolutions, dedup_constants, eliminate_dead_edges,
-                     fold_constants, fold_sizes, reinplace_buffer_updates)
+from .passes import (CHANNELS_LAST, COMPUTED_RULES, DEAD_EDGE, DEDUP, FOLD, FOLD_SIZES, FRESH_OUTPUTS, PRUNE, REINPLACE,
+                     VIEWS_AS_RESHAPES, Pass, Step)
 from .report import GraphReport
-from .rules import LIBRARY, check_user_rulesets, left_out, without
+from .rules import algebra, check_user_rulesets, fused, gemm, left_out, shape_ops, without
 from .unit import CompileUnit, as_unit
 
 log = logging.getLogger("rewrite")
@@ -50,31 +51,9 @@ __all__ = ["optimize", "run_passes", "library_runs", "offered_runs", "SCHEDULE",
            "describe_schedule", "egraph_unsupported"]
 
 
-@dataclasses.dataclass
-class Step:
-    """What a pass of the schedule sees: the graph it changes in place, the unit it belongs to, and the
-    e-graph runs this unit is offered."""
-
-    graph: Graph
-    unit: CompileUnit
-    runs: list  # (RuleSet, iterations) pairs: the saturation's, the user's and the policy's choice applied
-    original: Graph  # the graph as `optimize` received it (the finishing passes compare the edges with it)
-    rewritten: bool = False  # whether an e-graph run replaced the graph
-
-
-@dataclasses.dataclass(frozen=True)
-class Pass:
-    """A hand-written pass: ``run(step) -> {what: how many changes}`` (counted in the unit's report)."""
-
-    name: str
-    stage: str  # the report's timing bucket
-    run: Callable[[Step], dict]
-    doc: str
-
-
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-    """Passes in order, swept until a sweep changes nothing (at most ``max_sweeps`` times)."""
+    """`Pass` values (`rewrite.passes`) in order, swept until a sweep changes nothing (at most ``max_sweeps`` times)."""
 
     passes: tuple
     max_sweeps: int
@@ -109,66 +88,47 @@ class Schedule:
     finishing: tuple
 
 
-def _counted(name: str, fn) -> Callable[[Step], dict]:
-    return lambda step: {name: fn(step.graph)}
-
-
 def _optimize_subgraphs(step: Step) -> dict:
-    """Branches and loop bodies of control-flow ops are graphs too: optimized first, with the same unit."""
+    """Branches and loop bodies of control-flow ops are graphs too: optimized first, with the same unit.
+    The one pass defined here rather than in `rewrite.passes`: it is this schedule, run on each subgraph."""
     for n in step.graph.nodes:
         if n.kind == "call" and any(isinstance(a, Graph) for a in n.args):
             n.args = tuple(optimize(a, step.unit) if isinstance(a, Graph) else a for a in n.args)
     return {}  # counted by the subgraphs' own passes, in the same report
 
 
-def _views_as_reshapes(step: Step) -> dict:
-    # The e-graph equates values, not layouts: after it rewrote the graph a view may read a differently-strided tensor.
-    if step.rewritten:
-        views_as_reshapes(step.graph)
-    return {}
+SUBGRAPHS = Pass("subgraphs", "subgraphs", _optimize_subgraphs,
+                 "branches and loop bodies of control-flow ops are optimized first, by this same schedule")
 
-
-def _channels_last(step: Step) -> dict:
-    return {"channels_last": channels_last_convolutions(step.graph, _kernel_times())}
-
-
-# The library's rulesets in its order (shape ops, algebra, GEMMs, fused kernels: see rewrite.rules), each with
-# how often it runs per saturation round: 8 by default; once for commutativity (it only doubles add/mul
-# e-nodes) and for merging parallel GEMMs (a multi-pattern rule: bounded, see DESIGN); 4 for moving scales
-# into weights (a chain of views is at most that deep in the zoo).
-_ITERATIONS = {"algebra.commutativity": 1, "gemm.merge_parallel": 1, "gemm.fold_scales": 4}
+# A saturation runs the library's rulesets in `rewrite.rules.LIBRARY`'s order (shape ops, algebra, GEMMs, fused
+# kernels: shape ops expose algebra matches; GEMM rules and fused kernels see the cleaned graph), each for its
+# iterations per saturation round: 8 by default.
+_DEFAULT_ITERATIONS = 8
 
 SCHEDULE = Schedule(
-    first=(Pass("subgraphs", "subgraphs", _optimize_subgraphs,
-                "branches and loop bodies of control-flow ops are optimized first, by this same schedule"),),
-    sweep=Sweep(passes=(
-        Pass("dead_edge", "dead_edge", _counted("dead_edge", eliminate_dead_edges),
-             "torch.cond with a compile-time predicate -> the selected branch inlined"),
-        Pass("fold_sizes", "fold", _counted("fold_sizes", fold_sizes),
-             "size computations whose value is a constant expression become constants"),
-        Pass("fold", "fold", lambda step: {"fold": fold_constants(step.graph, step.unit.config.rules.fold_size_limit)},
-             "ops whose inputs are all constants are evaluated with torch (size cap: rules.fold_size_limit)"),
-        Pass("computed_rules", "computed_rules",
-             lambda step: apply_computed_rules(step.graph, [rs for rs, _ in step.runs]),
-             "DSL rules with computed (Python) replacements, matched on the IR"),
-        Pass("dedup", "dedup", _counted("dedup", dedup_constants),
-             "constants with identical contents become one constant"),
-        Pass("prune", "prune", _counted("prune", Graph.prune),
-             "only what reaches an output or has a side effect survives"),
-    ), max_sweeps=16),
-    saturation=Saturation(
-        runs=tuple(Run(rs, _ITERATIONS.get(rs.name, 8)) for rs in LIBRARY)),
+    first=(SUBGRAPHS,),
+    sweep=Sweep(passes=(DEAD_EDGE, FOLD_SIZES, FOLD, COMPUTED_RULES, DEDUP, PRUNE), max_sweeps=16),
+    saturation=Saturation(runs=(
+        Run(shape_ops.NOOPS, _DEFAULT_ITERATIONS),
+        Run(shape_ops.VIEW_CHAINS, _DEFAULT_ITERATIONS),
+        Run(shape_ops.PERMUTES, _DEFAULT_ITERATIONS),
+        Run(shape_ops.CASTS, _DEFAULT_ITERATIONS),
+        Run(shape_ops.FRESH_CLONES, _DEFAULT_ITERATIONS),
+        Run(shape_ops.FRESH_COPIES, _DEFAULT_ITERATIONS),
+        Run(shape_ops.POINTWISE_RESHAPES, _DEFAULT_ITERATIONS),
+        Run(algebra.IDENTITIES, _DEFAULT_ITERATIONS),
+        Run(algebra.IDENTITY_CHAINS, _DEFAULT_ITERATIONS),
+        Run(algebra.NEGATION, _DEFAULT_ITERATIONS),
+        Run(algebra.IDEMPOTENCE, _DEFAULT_ITERATIONS),
+        Run(algebra.COMMUTATIVITY, 1),  # once: it only doubles add/mul e-nodes
+        Run(gemm.MERGE_PARALLEL, 1),  # once: a multi-pattern rule (bounded, see DESIGN)
+        Run(gemm.FOLD_SCALES, 4),  # moving scales into weights: a chain of views is at most that deep in the zoo
+        Run(gemm.FOLD_BATCH_NORMS, _DEFAULT_ITERATIONS),
+        Run(fused.GELU, _DEFAULT_ITERATIONS),
+        Run(fused.LINEAR, _DEFAULT_ITERATIONS),
+    )),
     rounds=4,
-    finishing=(
-        Pass("views_as_reshapes", "finish", _views_as_reshapes,
-             "after an e-graph rewrite, views become reshapes (a value may now have another layout)"),
-        Pass("fresh_outputs", "finish", lambda step: {"fresh_outputs": keep_outputs_fresh(step.original, step.graph)},
-             "x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice"),
-        Pass("reinplace", "finish", _counted("reinplace", reinplace_buffer_updates),
-             "a buffer's functional update written back with copy_ becomes an in-place update"),
-        Pass("channels_last", "channels_last", _channels_last,
-             "convolutions run channels-last where the kernels measured at the graph's shapes say it pays"),
-    ),
+    finishing=(VIEWS_AS_RESHAPES, FRESH_OUTPUTS, REINPLACE, CHANNELS_LAST),
 )
 
 
@@ -257,13 +217,9 @@ def _run_each(passes, step: Step) -> dict:
     return counts
 
 
-def _kernel_times():
-    return current().kernel_times
-
-
 def _save_kernel_times() -> None:
     """Keep the kernels this optimization measured at its shapes for the next process (rewrite.cost.kernel_times)."""
-    times = _kernel_times()
+    times = current().kernel_times
     if times is not None:
         times.save()
 

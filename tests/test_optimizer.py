@@ -196,6 +196,25 @@ def test_describe_rulesets_lists_passes_and_rules():
     assert f"{total} rules" in text and total >= 40
 
 
+def test_schedule_lists_the_values_that_run():
+    """The schedule holds the passes and ruleset objects themselves (issue 52): every library ruleset once, in
+    LIBRARY's order, each with its count; every pass a `Pass` of rewrite.passes, printed from that value."""
+    from rewrite.optimizer import SCHEDULE, Pass, Run
+    from rewrite.rules import LIBRARY
+
+    runs = SCHEDULE.saturation.runs
+    assert all(isinstance(r, Run) for r in runs)
+    assert [r.ruleset for r in runs] == list(LIBRARY)  # a ruleset added to rules/ must be scheduled too
+    counts = {r.ruleset.name: r.iterations for r in runs if r.iterations != 8}
+    assert counts == {"algebra.commutativity": 1, "gemm.merge_parallel": 1, "gemm.fold_scales": 4}
+    passes = SCHEDULE.first + SCHEDULE.sweep.passes + SCHEDULE.finishing
+    assert all(isinstance(p, Pass) for p in passes)
+    assert all(p.run.__module__.startswith("rewrite.passes.") for p in SCHEDULE.sweep.passes + SCHEDULE.finishing)
+    text = describe_rulesets()
+    assert all(p.name in text and p.doc in text for p in passes)
+    assert all(f"{r.ruleset.name}  ({len(r.ruleset)} rules, {r.iterations} iterations)" in text for r in runs)
+
+
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_real_models_match_eager_and_show_folding_cse_pruning(name):
     model = getattr(models, name)()

@@ -32,14 +32,15 @@ import operator
 import torch
 
 from .. import ops
-from ..boundary import views_as_reshapes
-from ..cost import CONVOLUTION_PARAMS, op_cost
+from ..cost import CONVOLUTION_PARAMS, current, op_cost
 from ..ir import Graph, Node, TensorMeta, map_nodes
 from ..utils import connected_groups
+from .boundary import views_as_reshapes
+from .pass_type import Pass, Step
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["channels_last_convolutions"]
+__all__ = ["CHANNELS_LAST", "channels_last_convolutions"]
 
 aten = torch.ops.aten
 _CONVOLUTION = aten.convolution.default
@@ -102,6 +103,15 @@ def channels_last_convolutions(graph: Graph, kernel_times) -> int:
     # channels-last, say): views that cannot be views of it copy instead of failing.
     views_as_reshapes(graph)
     return len(chosen)
+
+
+def _run(step: Step) -> dict:
+    """With the kernel times of the cost model in use (`rewrite.cost.current`; None: nothing measured, no change)."""
+    return {"channels_last": channels_last_convolutions(step.graph, current().kernel_times)}
+
+
+CHANNELS_LAST = Pass("channels_last", "channels_last", _run,
+                     "convolutions run channels-last where the kernels measured at the graph's shapes say it pays")
 
 
 def _channels_last_values(graph: Graph, chosen: set, users: dict) -> set[int]:

@@ -18,10 +18,11 @@ from ..egraph.load import must_pin
 from ..ir import Graph, Node, map_nodes, meta_of_value, same_meta
 from ..ops import OpError, canonical_call
 from ..shape import infer_meta
+from .pass_type import Pass, Step
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["apply_computed_rules", "match_node"]
+__all__ = ["COMPUTED_RULES", "apply_computed_rules", "match_node"]
 
 
 def match_node(p, value, binding: dict, stream) -> bool:
@@ -121,6 +122,15 @@ def apply_computed_rules(graph: Graph, rulesets: list[RuleSet]) -> dict[str, int
     if fired:
         graph.prune()
     return fired
+
+
+def _run(step: Step) -> dict:
+    """The computed rules of every ruleset the unit is offered (the library's, the user's, minus the disabled)."""
+    return apply_computed_rules(step.graph, [rs for rs, _ in step.runs])
+
+
+COMPUTED_RULES = Pass("computed_rules", "computed_rules", _run,
+                      "DSL rules with computed (Python) replacements, matched on the IR")
 
 
 def _replacement(result, binding, graph: Graph, node: Node, stream):

@@ -14,10 +14,11 @@ import sympy
 import torch
 
 from ..ir import Graph, Node, SymMeta, map_nodes
+from .pass_type import Pass, Step
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["eliminate_dead_edges", "known_predicate"]
+__all__ = ["DEAD_EDGE", "eliminate_dead_edges", "known_predicate"]
 
 
 def known_predicate(pred) -> bool | None:
@@ -63,6 +64,14 @@ def eliminate_dead_edges(graph: Graph) -> int:
         count += 1
         log.debug("dead edge: %s takes its %s branch", node.name, "true" if taken else "false")
     return count
+
+
+def _run(step: Step) -> dict:
+    return {"dead_edge": eliminate_dead_edges(step.graph)}
+
+
+DEAD_EDGE = Pass("dead_edge", "dead_edge", _run,
+                 "torch.cond with a compile-time predicate -> the selected branch inlined")
 
 
 def _inline(graph: Graph, branch: Graph, operands: list, before: Node):

@@ -10,8 +10,9 @@ import torch
 
 from ..ir import Graph
 from ..ops import ContentIndex
+from .pass_type import Pass, Step
 
-__all__ = ["dedup_constants"]
+__all__ = ["DEDUP", "dedup_constants"]
 
 
 def dedup_constants(graph: Graph) -> int:
@@ -28,3 +29,10 @@ def dedup_constants(graph: Graph) -> int:
     graph.replace_uses(replace)
     graph.nodes = [n for n in graph.nodes if n.id not in replace]
     return len(replace)
+
+
+def _run(step: Step) -> dict:
+    return {"dedup": dedup_constants(step.graph)}
+
+
+DEDUP = Pass("dedup", "dedup", _run, "constants with identical contents become one constant")

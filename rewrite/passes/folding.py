@@ -22,10 +22,11 @@ from ..cost import call_inputs, foldable_target, folds_at_compile_time, is_weigh
 from ..ir import (Graph, Node, SymMeta, TensorMeta, is_side_effect, iter_instances, map_nodes, meta_of_value, reads_any,
                   same_meta)
 from ..ops import is_overload
+from .pass_type import Pass, Step
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["fold_constants", "can_fold", "fold_sizes"]
+__all__ = ["FOLD", "FOLD_SIZES", "fold_constants", "can_fold", "fold_sizes"]
 
 
 def can_fold(node: Node) -> bool:
@@ -174,3 +175,17 @@ def _known_size(node: Node) -> bool:
     expr = sympy.sympify(m.expr)
     return bool(expr.is_number) or expr in (sympy.true, sympy.false)
 
+
+def _run_fold_sizes(step: Step) -> dict:
+    return {"fold_sizes": fold_sizes(step.graph)}
+
+
+def _run_fold(step: Step) -> dict:
+    return {"fold": fold_constants(step.graph, step.unit.config.rules.fold_size_limit)}
+
+
+# Both are timed in the one "fold" bucket: they alternate, as GE's folding and InferShape do.
+FOLD_SIZES = Pass("fold_sizes", "fold", _run_fold_sizes,
+                  "size computations whose value is a constant expression become constants")
+FOLD = Pass("fold", "fold", _run_fold,
+            "ops whose inputs are all constants are evaluated with torch (size cap: rules.fold_size_limit)")

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from ..ir import Graph
+from .pass_type import Pass, Step
 
-__all__ = ["reinplace_buffer_updates", "IN_PLACE"]
+__all__ = ["REINPLACE", "reinplace_buffer_updates", "IN_PLACE"]
 
 aten = torch.ops.aten
 # functional op -> its in-place variant: same arguments, writes its first and returns it
@@ -48,3 +49,11 @@ def reinplace_buffer_updates(graph: Graph) -> int:
         graph.remove(update)  # ``users`` stays right for every other buffer: only this one's readers changed
         changed += 1
     return changed
+
+
+def _run(step: Step) -> dict:
+    return {"reinplace": reinplace_buffer_updates(step.graph)}
+
+
+REINPLACE = Pass("reinplace", "finish", _run,
+                 "a buffer's functional update written back with copy_ becomes an in-place update")

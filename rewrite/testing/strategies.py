@@ -21,7 +21,7 @@ import sympy
 import torch
 from hypothesis import strategies as st
 
-from ..boundary import alias_base
+from ..passes.boundary import alias_base
 from ..ir import Graph, Node, TensorMeta, map_nodes
 from ..ops import FLOATS, INTS
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from ..boundary import keep_outputs_fresh, views_as_reshapes
+from ..passes.boundary import keep_outputs_fresh, views_as_reshapes
 from ..egraph import Limits, equivalent_graphs
 from ..ir import Graph
 from ..optimizer import egraph_unsupported, library_runs

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from .ir import Graph, Node, iter_nodes, map_nodes
-from .ops import returns_view
+from ..ir import Graph, Node, iter_nodes, map_nodes
+from ..ops import returns_view
+from .pass_type import Pass, Step
 
-__all__ = ["alias_base", "keep_outputs_fresh", "views_as_reshapes"]
+__all__ = ["FRESH_OUTPUTS", "VIEWS_AS_RESHAPES", "alias_base", "keep_outputs_fresh", "views_as_reshapes"]
 
 
 def alias_base(node):
@@ -89,3 +90,20 @@ def views_as_reshapes(graph: Graph) -> int:
             n.target = torch.ops.aten.reshape.default
             changed += 1
     return changed
+
+
+def _run_views_as_reshapes(step: Step) -> dict:
+    # The e-graph equates values, not layouts: after it rewrote the graph a view may read a differently-strided tensor.
+    if step.rewritten:
+        views_as_reshapes(step.graph)
+    return {}  # not counted in the report
+
+
+def _run_fresh_outputs(step: Step) -> dict:
+    return {"fresh_outputs": keep_outputs_fresh(step.original, step.graph)}
+
+
+VIEWS_AS_RESHAPES = Pass("views_as_reshapes", "finish", _run_views_as_reshapes,
+                         "after an e-graph rewrite, views become reshapes (a value may now have another layout)")
+FRESH_OUTPUTS = Pass("fresh_outputs", "finish", _run_fresh_outputs,
+                     "x*1 -> x must not hand the caller its own input; CSE must not hand back one tensor twice")
