@@ -159,7 +159,7 @@ class EGraphRun:
 
 
 def compile_rulesets(rulesets: list) -> list[str]:
-    """The egglog text of the rulesets (for tests and ``python -m rewrite rules --egglog``)."""
+    """The egglog text of the rulesets, declarations first (for tests and for reading what a rule became)."""
     compiler = RuleCompiler(Tables())
     out = []
     for rs in rulesets:
