@@ -1,8 +1,12 @@
-"""Rules -> egglog rule commands: what the engine means by a rule.
+"""Rules -> egglog rule commands: what the engine means by a rule. All egglog text of rules is written here.
 
-The engine does not know the rule DSL's classes. A ruleset compiles itself through a
-`RuleCompiler` (``ruleset.to_egglog(compiler)``): its patterns become terms over fresh variables
-of a `RuleScope`, its conditions become atoms over the dtype/shape/sizes/splat analyses, and
+The engine does not know the rule DSL's classes: a ruleset gives its ``name`` and ``pattern_rules``, and
+each rule its plain data (``rule.data()``, `rewrite.dsl.rulesets.RuleData`): ``name``; ``lhs``, the left
+sides (one per operand order; one per member for a ``siblings`` rule); ``variables``; ``conditions``;
+``rhs``; ``same_meta``. A pattern is ``("var", name)``, ``("call", op name, items)``, ``("list", items)``,
+``("tuple", items)`` or ``("lit", value)``; it becomes a term over fresh variables of a `RuleScope`
+(`RuleScope.term`). A condition is ``(kind, variable name, *operands)``; it becomes atoms over the
+dtype/shape/sizes/splat analyses (`RuleCompiler.atoms`, one function per kind in `CONDITION_ATOMS`).
 `RuleCompiler.rule` turns the pieces into egglog rules with the engine's guard.
 
 A pattern's op nodes all share one stream variable (a rule never combines work of two streams).
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from ..ops import dtype_str
+from ..ops import shape_key, splat_key
 from .terms import Tables, call_term, float_key, list_term, quote
 
 STREAM = "__stream"
@@ -83,6 +87,81 @@ class RuleScope:
     def sequence(items: list[str], is_list: bool) -> str:
         return f"({'Lst' if is_list else 'Tup'} {list_term(items)})"
 
+    def term(self, pattern, rhs: bool = False) -> str:
+        """The egglog term of a pattern's data (inner calls take their streams first)."""
+        kind = pattern[0]
+        if kind == "var":
+            return self.var(pattern[1])
+        if kind == "call":
+            return self.call(pattern[1], [self.term(a, rhs) for a in pattern[2]], rhs)
+        if kind in ("list", "tuple"):
+            return self.sequence([self.term(a, rhs) for a in pattern[1]], kind == "list")
+        if kind == "lit":
+            return self.literal(pattern[1])
+        raise ValueError(f"unknown pattern kind {kind!r} in {pattern!r}")
+
+
+# Condition data -> query atoms: one function per kind, called as ``(compiler, scope, *operands)``.
+# Variables come by their DSL name (``scope.var`` gives the egglog one), the rest as plain values.
+
+def _dims_index(rank: str, i: int) -> str:
+    return str(i) if i >= 0 else f"(+ {rank} {i})"
+
+
+def _dtype_in(compiler, scope, x, dtype_names):
+    return [f"({compiler.dtype_set(dtype_names)} (dtype (meta {scope.var(x)})))"]
+
+
+def _same(compiler, scope, analysis, x, y):
+    a, b = scope.var(x), scope.var(y)
+    return [f"(= ({analysis} (meta {a})) ({analysis} (meta {b})))"]
+
+
+def _shape_is(compiler, scope, x, sizes):
+    """``sizes``: the name of a variable bound to a size list, or a literal tuple of ints."""
+    if isinstance(sizes, str):
+        return [f"(= (shape (meta {scope.var(x)})) (sizes {scope.var(sizes)}))"]
+    return [f'(= (shape (meta {scope.var(x)})) "{shape_key(list(sizes))}")']
+
+
+def _dims_agree(compiler, scope, x_name, i, y_name, j):
+    x, y = scope.var(x_name), scope.var(y_name)
+    if i < 0 or j < 0:  # index from the end: through the rank
+        ri, rj = scope.var(f"_rank_{x_name}"), scope.var(f"_rank_{y_name}")
+        return [f"(= {ri} (rank (meta {x})))", f"(= {rj} (rank (meta {y})))",
+                f"(= (dim (meta {x}) {_dims_index(ri, i)}) (dim (meta {y}) {_dims_index(rj, j)}))"]
+    return [f"(= (dim (meta {x}) {i}) (dim (meta {y}) {j}))"]
+
+
+def _dim_is(compiler, scope, x_name, i, size):
+    x = scope.var(x_name)
+    if i >= 0:
+        return [f'(= (dim (meta {x}) {i}) "{size}")']
+    rank = scope.var(f"_rank_{x_name}")
+    return [f"(= {rank} (rank (meta {x})))", f'(= (dim (meta {x}) (+ {rank} {i})) "{size}")']
+
+
+def _uniform(compiler, scope, x, excluded):
+    value = scope.var(f"_splat_{x}")
+    return [f"(= {value} (splat {scope.var(x)}))"] + [f'(!= {value} "{splat_key(v)}")' for v in excluded]
+
+
+CONDITION_ATOMS = {
+    "dtype_in": _dtype_in,  # (x, dtype names)
+    "same": _same,  # ("dtype" | "shape", x, y): both agree on that analysis
+    "shape_is": _shape_is,  # (x, size-list variable name | tuple of ints)
+    "dims_agree": _dims_agree,  # (x, i, y, j)
+    "dim_is": _dim_is,  # (x, i, size)
+    "rank_is": lambda compiler, scope, x, rank: [f"(= (rank (meta {scope.var(x)})) {rank})"],
+    "value_is": lambda compiler, scope, x, value: [f'(= (splat {scope.var(x)}) "{splat_key(value)}")'],
+    "on_device": lambda compiler, scope, x, device: [f'(= (device (meta {scope.var(x)})) "{device}")'],
+    "is_scalar": lambda compiler, scope, x: [f"(Scalar {scope.var(x)})"],
+    # (x, ((op name, canonical arity), ...))
+    "made_by": lambda compiler, scope, x, ops: [f"({compiler.made_by(list(ops))} {scope.var(x)})"],
+    "uniform": _uniform,  # (x, excluded values)
+    "is_const": lambda compiler, scope, x: [f"(= {scope.var(x)} (Const {scope.var(f'_const_{x}')}))"],
+}
+
 
 class RuleCompiler:
     """Turns rulesets into egglog program text; remembers the relations it declared."""
@@ -97,9 +176,9 @@ class RuleCompiler:
     def scope(self) -> RuleScope:
         return RuleScope(self.tables)
 
-    def dtype_set(self, dtypes) -> str:
-        """A relation holding ``dtypes`` (by name), declared once per distinct set."""
-        key = tuple(sorted(dtype_str(d) for d in dtypes))
+    def dtype_set(self, dtype_names) -> str:
+        """A relation holding the dtypes named ``dtype_names``, declared once per distinct set."""
+        key = tuple(sorted(dtype_names))
         if key not in self.dtype_sets:
             rel = f"dtypes_{len(self.dtype_sets)}"
             self.dtype_sets[key] = rel
@@ -198,13 +277,35 @@ class RuleCompiler:
                   f":ruleset accept :name {quote(rule_name)})")
         return [stage2, accept]
 
+    def atoms(self, scope: RuleScope, condition: tuple) -> list[str]:
+        """The query atoms of one condition's data ``(kind, *operands)``."""
+        kind, *operands = condition
+        if kind not in CONDITION_ATOMS:
+            raise ValueError(f"unknown condition kind {kind!r} in {condition!r}")
+        return CONDITION_ATOMS[kind](self, scope, *operands)
+
+    def compile_rule(self, rule, ruleset: str) -> list[str]:
+        """The egglog rules of one pattern rule's data (see the module docstring)."""
+        scope = self.scope()
+        if rule.siblings:
+            lhs = [scope.term(p) for p in rule.lhs]
+        else:  # every operand order is a structural match of its own (same variables, its own streams)
+            lhs = [scope.term(rule.lhs[0])] + [self.scope().term(p) for p in rule.lhs[1:]]
+        variables = [scope.var(v) for v in rule.variables]
+        conditions = [atom for c in rule.conditions for atom in self.atoms(scope, c)]
+        if rule.siblings:
+            rhs = [scope.term(p, rhs=True) for p in rule.rhs]
+            return self.multi_rule(ruleset, rule.name, scope, lhs, variables, conditions, rhs)
+        return self.rule(ruleset, rule.name, scope, lhs[0] if len(lhs) == 1 else lhs, variables, conditions,
+                         scope.term(rule.rhs, rhs=True), rule.rhs[0] == "var", same_meta=rule.same_meta)
+
     def compile_ruleset(self, rs) -> tuple[str, list[str]]:
         """(egglog ruleset name, commands declaring it and its rules) of a ruleset object.
 
-        ``rs`` has a ``name`` and ``pattern_rules``, each with ``to_egglog(compiler, ruleset)``.
+        ``rs`` has a ``name`` and ``pattern_rules``, each with ``data()``: the rule as plain data.
         """
         egg_name = "rs_" + "".join(ch if ch.isalnum() else "_" for ch in rs.name)
         cmds = [f"(ruleset {egg_name})"]
         for r in rs.pattern_rules:
-            cmds.extend(r.to_egglog(self, egg_name))
+            cmds.extend(self.compile_rule(r.data(), egg_name))
         return egg_name, cmds
