@@ -217,7 +217,7 @@ FRESH_CLONES = RuleSet("shape.fresh_clones", [
 # The same argument as FRESH_CLONES, also for the producers transformer graphs clone (dropout in
 # eval mode becomes ``clone``), in any memory format and through the view that reshaped the result: the
 # values are the same, the copy would be as dense as its source, and views are rewritten as
-# reshapes once a rule fired (rewrite.boundary). ``made_by`` says the value is such a result
+# reshapes once a rule fired (rewrite.passes.boundary). ``made_by`` says the value is such a result
 # (``getitem``: an output of a multi-output kernel, e.g. layer norm's normalized tensor).
 _FRESH = (*sorted(GEMMS, key=target_name), aten._softmax.default, aten.gelu.default,
           operator.getitem, *(getattr(aten, n).default for n in _UNARY_COMPUTE),
