@@ -17,10 +17,10 @@ execution plans (`program.py`: `PlannedProgram`, one per compiled function; `pla
 """
 from __future__ import annotations
 
-from .build import DYNAMIC_MULTI_STREAM_ENV, build_executable, check_config, stream_plan_for, stream_timeout_asked
+from .build import DYNAMIC_MULTI_STREAM_ENV, build_executable, stream_plan_for, stream_timeout_asked
 from .codegen import compile_graph_to_python
 from .direct import direct_call
 from .program import PlannedProgram, program_for
 
-__all__ = ["build_executable", "check_config", "compile_graph_to_python", "stream_plan_for", "PlannedProgram",
+__all__ = ["build_executable", "compile_graph_to_python", "stream_plan_for", "PlannedProgram",
            "direct_call", "program_for"]

@@ -19,7 +19,6 @@ import os
 
 import torch
 
-from ..config import ConfigError
 from ..ir import Graph
 from ..unit import CompileUnit, as_unit
 from ..waits import order_with_waits, resolve_waits
@@ -30,20 +29,9 @@ from .streams import StreamPlan, plan_streams
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["build_executable", "check_config", "stream_plan_for", "stream_timeout_asked", "DYNAMIC_MULTI_STREAM_ENV"]
+__all__ = ["build_executable", "stream_plan_for", "stream_timeout_asked", "DYNAMIC_MULTI_STREAM_ENV"]
 
 DYNAMIC_MULTI_STREAM_ENV = "REWRITE_DYNAMIC_SHAPE_MULTI_STREAM"
-
-
-def check_config(config) -> None:
-    """Reject option combinations that conflict, before any work is done."""
-    if config.ge_config.enable_single_stream and config.exec.auto_streams:
-        raise ConfigError("config.ge_config.enable_single_stream = True conflicts with "
-                          "config.exec.auto_streams = True; set at most one of them")
-    if config.experimental_config.aclgraph._aclnn_static_shape_kernel:
-        from ..kernels import check_config as check_static_kernels
-
-        check_static_kernels(config)
 
 
 def stream_plan_for(graph: Graph, unit: CompileUnit) -> StreamPlan | None:

@@ -16,7 +16,7 @@ version (`signature.kernel_key`); an artifact for another torch, device or gener
 one that fails any check is damaged, and either way the kernels are built anew, never trusted.
 
 Where things are: `static_kernels.py` (`StaticKernels`, the engine: decide, record, build, bind; `build_dir`,
-the one choice of the build folder; `check_config`, the folder's check when the backend is made),
+the one choice of the build folder; `check_build_folder`, its check when the backend is made),
 `signature.py` (op signatures and kernel keys), `cgen/` (C code per signature), `fusion.py` (neighbouring
 pointwise steps as one kernel), `compiler.py` (C to a loaded shared library), `artifact.py` (the signed
 ``static_kernel_{datetime}.run``), `store.py` (the build folder: both defaults, its trust rule, its lock).
@@ -24,8 +24,8 @@ pointwise steps as one kernel), `compiler.py` (C to a loaded shared library), `a
 from __future__ import annotations
 
 from .static_kernels import (PACK_MIN, StaticKernelError, StaticKernels, UntrustedBuildDir, build_dir,
-                             check_config)
+                             check_build_folder)
 from .store import LockBusy
 
-__all__ = ["StaticKernels", "StaticKernelError", "UntrustedBuildDir", "LockBusy", "check_config", "build_dir",
+__all__ = ["StaticKernels", "StaticKernelError", "UntrustedBuildDir", "LockBusy", "check_build_folder", "build_dir",
            "PACK_MIN"]

@@ -18,7 +18,6 @@ import time
 
 import torch
 
-from ..config import REDUCE_OVERHEAD_MODES, ConfigError, is_reduce_overhead
 from ..ir import Node
 from ..ops import GEMMS, target_name
 from ..persist.folders import FolderRefused
@@ -28,7 +27,7 @@ from .store import FolderUntrusted, KernelStore, StoreError, check_local_world, 
 
 log = logging.getLogger("rewrite")
 
-__all__ = ["StaticKernels", "StaticKernelError", "UntrustedBuildDir", "check_config", "build_dir", "PACK_MIN"]
+__all__ = ["StaticKernels", "StaticKernelError", "UntrustedBuildDir", "check_build_folder", "build_dir", "PACK_MIN"]
 
 # Constant weights of at least this many elements get MKL's packed GEMM (a packed copy costs several MB
 # whatever the weight's size, and measured on this machine packing pays from about 384 x 384 on).
@@ -50,14 +49,9 @@ def build_dir(config, tiered: bool = False) -> str:
     return configured or (tier_up_build_dir() if tiered else default_build_dir())
 
 
-def check_config(config) -> None:
-    """Checks made when the backend is created, before any compile: mode, LOCAL_WORLD_SIZE, build dir."""
-    if not config.experimental_config.aclgraph._aclnn_static_shape_kernel:
-        return
-    if not is_reduce_overhead(config):
-        raise ConfigError("config.experimental_config.aclgraph._aclnn_static_shape_kernel = True needs "
-                          f"config.mode in {list(REDUCE_OVERHEAD_MODES)} (static kernels belong to reduce-overhead "
-                          f"mode), got {config.mode!r}")
+def check_build_folder(config) -> None:
+    """The build folder's check when the backend is made, before any compile (static kernels switched on;
+    the option combinations are `rewrite.policy.check_config`'s): LOCAL_WORLD_SIZE, the folder's trust rule."""
     try:
         check_local_world()
         KernelStore(build_dir(config))
