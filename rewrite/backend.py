@@ -34,6 +34,7 @@ from .ir import Graph
 from .ledger import Ledger
 from .optimizer import optimize
 from .pipeline import Stages, build_callable
+from .policy import check_config, resolve_policy
 from .report import CompileReport
 from .scope import annotate_streams
 from .shape.size_inputs import read_sizes_from_tensors
@@ -92,7 +93,17 @@ class RewriteBackend:
         self._lock = threading.Lock()
         self._gear_functions = GearFunctions(self.report)  # Dynamo graphs per geared function (report.gear_graphs)
         self._graphs_per_frame: dict = {}  # Dynamo frame key -> graphs compiled for it (a second one is a recompile)
-        rexec.check_config(self.config)
+        self._check_config(self.config)
+
+    @staticmethod
+    def _check_config(config: CompilerConfig) -> None:
+        """Checks made before any compile: option combinations (`policy.check_config`), then, with static
+        kernels switched on, their build folder (`kernels.check_build_folder`)."""
+        check_config(config)
+        if resolve_policy(config).static_kernels_asked:
+            from .kernels import check_build_folder  # loaded only when static kernels are on
+
+            check_build_folder(config)
 
     def __deepcopy__(self, memo):
         """The backend itself: a copy of a config that names it (transformers deep-copies its generation config,

@@ -18,6 +18,7 @@ from . import inference, models
 from .backend import get_backend
 from .config import CompilerConfig
 from .persist.folders import private_cache_folder
+from .policy import resolve_policy
 
 MODES = {
     "default": {},
@@ -66,7 +67,7 @@ def _compile(model, settings: dict, batches, seq: int):
     config.experimental_config.frozen_parameter = True
     for path, value in settings.items():
         config.set_path(path, value)
-    if config.experimental_config.aclgraph._aclnn_static_shape_kernel:
+    if resolve_policy(config).static_kernels_asked:
         # This user's own folder: a build folder must be private (a shared temp folder could be planted).
         config.experimental_config.aclgraph._aclnn_static_shape_kernel_build_dir = private_cache_folder("demo")
     backend = get_backend(config)

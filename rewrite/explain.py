@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from .backend import RewriteBackend, rewrite_backend
-from .compat import npugraph_ex as npugraph_ex_entry
 from .config import CompilerConfig, ConfigError
 from .ledger import Stats
 from .report import CompileReport
@@ -30,6 +29,8 @@ def stats(compiled) -> Stats:
                         f"module compiled with module.compile(backend=...) or holding one, or the backend; got "
                         f"{type(compiled).__name__}{inside}")
     from torch._dynamo.eval_frame import innermost_backend
+
+    from .compat import npugraph_ex as npugraph_ex_entry  # compat/ is below this layer: imported when needed
 
     inner = innermost_backend(callback)
     backend = getattr(inner, "compiler_fn", inner)
@@ -173,6 +174,8 @@ def _unwrap_compiled(obj, config_given: bool):
         from .backend import torch_compile_config
 
         return original, RewriteBackend(torch_compile_config(options.get("mode"), options.get("options")))
+    from .compat import npugraph_ex as npugraph_ex_entry  # compat/ is below this layer: imported when needed
+
     if fn is npugraph_ex_entry or getattr(fn, "__name__", "") == "npugraph_ex" \
             and getattr(fn, "__module__", "").startswith("rewrite."):
         from .compat.torchair import npugraph_ex_config

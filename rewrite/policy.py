@@ -19,14 +19,19 @@ compiled model, a loaded export and ``cache_compile`` run a graph under the same
 
 Training graphs never tier up: they hand saved activations to their backward graph, a pattern the
 plans have had far less use with.
+
+`check_config` is the one check of option combinations, made before any work is done (when a backend is
+made, and for each npugraph_ex ``options=``); it and `resolve_policy` are the only readers of the raw
+static-kernel switch (TorchAir's private field ``experimental_config.aclgraph._aclnn_static_shape_kernel``):
+everything else asks the policy.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from .config import CompilerConfig, is_reduce_overhead
+from .config import REDUCE_OVERHEAD_MODES, CompilerConfig, ConfigError, is_reduce_overhead
 
-__all__ = ["ExecutionPolicy", "PLANS", "resolve_policy"]
+__all__ = ["ExecutionPolicy", "PLANS", "resolve_policy", "check_config"]
 
 PLANS = ("none", "at-compile", "tier-up")
 
@@ -61,9 +66,15 @@ class ExecutionPolicy:
         return self.tiers_up
 
     @property
+    def static_kernels_asked(self) -> bool:
+        """The user switched static kernels on (reduce-overhead): their build folder is checked when the
+        backend is made, and a kernel that cannot be had is an error."""
+        return self.plan == "at-compile" and self.static_kernels
+
+    @property
     def records_signatures(self) -> bool:
         """The seed's per-op signature records belong to reduce-overhead's static kernels."""
-        return self.plan == "at-compile" and self.static_kernels
+        return self.static_kernels_asked
 
     def inductor_kernels_on(self, device_type: str) -> bool:
         """Whether a graph on ``device_type`` is compiled by Inductor when it is built: always with
@@ -88,3 +99,15 @@ def resolve_policy(config: CompilerConfig, kind: str = "inference") -> Execution
     if calls and kernels == "aten" and kind == "inference":
         return ExecutionPolicy("tier-up", calls, True, kernels, cuda)
     return ExecutionPolicy("none", 0, False, kernels, cuda)
+
+
+def check_config(config: CompilerConfig) -> None:
+    """Reject option combinations that conflict, before any work is done. (What needs the machine, the
+    static-kernel build folder, is checked beside it by the backend: `rewrite.kernels.check_build_folder`.)"""
+    if config.ge_config.enable_single_stream and config.exec.auto_streams:
+        raise ConfigError("config.ge_config.enable_single_stream = True conflicts with "
+                          "config.exec.auto_streams = True; set at most one of them")
+    if config.experimental_config.aclgraph._aclnn_static_shape_kernel and not is_reduce_overhead(config):
+        raise ConfigError("config.experimental_config.aclgraph._aclnn_static_shape_kernel = True needs "
+                          f"config.mode in {list(REDUCE_OVERHEAD_MODES)} (static kernels belong to reduce-overhead "
+                          f"mode), got {config.mode!r}")

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import rewrite
-import rewrite.kernels as kernels_module
+import rewrite.kernels.static_kernels as kernels_module
 from rewrite.cost import FiguresError, calibration
 from rewrite.kernels import UntrustedBuildDir, store
 from test_static_kernels import OUTPUTS, Block, _artifacts, _compile, _config

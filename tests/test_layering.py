@@ -6,16 +6,21 @@ package, those inside functions too), so a new import that breaks a rule fails h
 * egraph/ (the engine) imports no DSL: rules reach it compiled, as data;
 * gears/, exec/ and cost/ import no optimizer: the driver (`rewrite.pipeline`) hands them what they need;
 * no import cycle outside shape/ (whose two are a shape rule and the meta-kernel runner it falls back on,
-  and the While fixpoint re-inferring its body).
+  and the While fixpoint re-inferring its body);
+* every module and package is on README.md's Layout map, and a module imports at load time (its top-level
+  import statements) only from its own layer of the map and the layers above it;
+* every test file is on tests/README.md's map of tests to rooms.
 """
 from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rewrite")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.join(REPO, "rewrite")
 
 
 def _modules() -> dict[str, str]:
@@ -34,13 +39,32 @@ def _modules() -> dict[str, str]:
 MODULES = _modules()
 
 
-def _imports(name: str, path: str) -> set[str]:
-    """The package's modules that ``name`` imports, wherever the import statement stands."""
+def _statements(tree: ast.Module, load_time: bool):
+    """Every node of ``tree``, or with ``load_time`` only those run when the module is loaded: not inside a
+    function (or lambda), nor under ``if TYPE_CHECKING:``."""
+    if not load_time:
+        yield from ast.walk(tree)
+        return
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _imports(name: str, path: str, load_time: bool = False) -> set[str]:
+    """The package's modules that ``name`` imports, wherever the import statement stands (with ``load_time``:
+    only those imported when the module is loaded)."""
     is_package = path.endswith("__init__.py")
     out = set()
     with open(path) as f:
         tree = ast.parse(f.read(), path)
-    for node in ast.walk(tree):
+    for node in _statements(tree, load_time):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -128,3 +152,93 @@ def test_layering_measures_what_it_claims():
     assert "rewrite.ir" in GRAPH["rewrite.exec.memory"]  # `from ..ir import ...`
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert any(all(_in(m, "rewrite.shape") for m in c) for c in _cycles(GRAPH))  # shape's own, allowed above
+
+
+# -- README.md's Layout map ----------------------------------------------------------------------------------
+
+
+def _layout() -> list[tuple[str, list[tuple[list[str], str]]]]:
+    """README.md's Layout map: its layers in order (a bold heading), each with its rows (paths, text)."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("\n## Layout"):]
+    end = section.find("\n## ", 1)
+    layers: list = []
+    for line in section[:end if end > 0 else None].splitlines():
+        heading = re.match(r"\*\*(.+?)\*\*", line)
+        if heading:
+            layers.append((heading.group(1), []))
+        elif line.startswith("| `rewrite/") and layers:
+            cell, _, holds = line[2:].partition(" | ")
+            layers[-1][1].append((re.findall(r"`(rewrite/[^`]*)`", cell), holds))
+    return layers
+
+
+LAYOUT = _layout()
+
+
+def _place(name: str) -> tuple[int, str, str] | None:
+    """Where module ``name`` is on the map: (layer number, the row's path, the path left below it), or None."""
+    path = os.path.relpath(MODULES[name], REPO).replace(os.sep, "/")
+    best = None
+    for number, (_, rows) in enumerate(LAYOUT):
+        for paths, holds in rows:
+            for p in paths:
+                if path == p or (p.endswith("/") and path.startswith(p)):
+                    if best is None or len(p) > len(best[1]):
+                        best = (number, p, path[len(p):], holds)
+    if best is None:
+        return None
+    number, row, rest, holds = best
+    # below a package's row, each folder and file is named in the row's text (`cgen/`, `core.py`)
+    parts = [part + "/" for part in rest.split("/")[:-1]] + [rest.split("/")[-1]] if rest else []
+    parts = [part for part in parts if part != "__init__.py"]
+    if any(f"`{part}`" not in holds for part in parts):
+        return None
+    return number, row, rest
+
+
+def test_layout_map_is_read():
+    names = [name for name, _ in LAYOUT]
+    assert names[0] == "Ground floor" and len(names) >= 6, names
+    assert _place("rewrite.ops")[0] == 0
+    assert _place("rewrite.kernels.cgen.core")[1] == "rewrite/kernels/"
+
+
+def test_every_module_is_on_the_readme_layout_map():
+    missing = sorted(name for name in MODULES if _place(name) is None)
+    assert not missing, f"not on README.md's Layout map (a row's path, or a file named in its package's row): {missing}"
+
+
+LOAD_TIME = {name: _imports(name, path, load_time=True) for name, path in MODULES.items()}
+
+
+def test_module_level_imports_follow_the_layout_layers():
+    """A module imports, when it is loaded, only from its own layer and the layers above it on the map
+    (imports the other way are made inside functions, when needed)."""
+    offending = []
+    for name, targets in LOAD_TIME.items():
+        place = _place(name)
+        for target in targets:
+            there = _place(target)
+            if place and there and there[0] > place[0]:
+                offending.append(f"{name} ({LAYOUT[place[0]][0]}) imports {target} ({LAYOUT[there[0]][0]})")
+    assert not offending, sorted(offending)
+
+
+def test_load_time_imports_leave_out_those_inside_functions():
+    """The measurement: user_passes.py infers shapes inside a function (one of the map's named exceptions),
+    export/program.py imports capture only under TYPE_CHECKING, memory.py imports the IR at its top."""
+    assert any(_in(t, "rewrite.shape") for t in GRAPH["rewrite.user_passes"])
+    assert not any(_in(t, "rewrite.shape") for t in LOAD_TIME["rewrite.user_passes"])
+    assert "rewrite.export.capture" in GRAPH["rewrite.export.program"]
+    assert "rewrite.export.capture" not in LOAD_TIME["rewrite.export.program"]
+    assert "rewrite.ir" in LOAD_TIME["rewrite.exec.memory"]
+
+
+def test_every_test_file_is_on_the_tests_map():
+    tests = os.path.join(REPO, "tests")
+    with open(os.path.join(tests, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    missing = sorted(f for f in os.listdir(tests) if f.endswith(".py") and f"| `{f}` |" not in text)
+    assert not missing, f"test files missing from tests/README.md: {missing}"

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import rewrite
-import rewrite.kernels as kernels_module
+import rewrite.kernels.static_kernels as kernels_module
 from rewrite.config import ConfigError
 from rewrite.kernels import StaticKernelError, artifact, cgen, compiler, signature
 from rewrite.persist import signing as trust

@@ -15,7 +15,6 @@ import types
 
 import torch
 
-from .. import exec as rexec
 from .. import inference as _inference
 from ..backend import RewriteBackend, backend_of_this_compile
 from ..config import CompilerConfig
@@ -31,7 +30,7 @@ class NpuBackend(RewriteBackend):
             return super().__call__(gm, example_inputs)
         variant = copy.copy(self)  # shares the report and the lock; only the config differs
         variant.config = _apply_options(copy.deepcopy(self.config), options)
-        rexec.check_config(variant.config)
+        self._check_config(variant.config)
         return RewriteBackend.__call__(variant, gm, example_inputs)
 
 
