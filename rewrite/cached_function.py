@@ -41,7 +41,7 @@ import torch
 
 from . import ops
 from .cache.aot import gear_graphs_by_key, gear_label
-from .cache.graphs import GRAPHS_FILE, LiveWeightReader, LiveWeightWriter, check_error, decode_graphs, encode_graphs
+from .cache.graph_files import GRAPHS_FILE, LiveWeightReader, LiveWeightWriter, check_error, decode_graphs, encode_graphs
 from .cache.key import class_digest, code_digest, config_digest, digest, tensor_digest, versions
 from .cache.store import CacheDir, count
 from .config import CompilerConfig
@@ -346,7 +346,7 @@ class CachedFunction:
         from .export.capture import capture
         from .export.exporter import graph_file_text
         from .export.loader import ExportedModel
-        from .export.program import build_program
+        from .export.assembly import build_program
         from .fx_bridge import CompileError
 
         count("traced")

@@ -20,7 +20,7 @@ import torch
 import rewrite
 import rewrite.kernels.static_kernels as kernels_module
 from rewrite.cost import FiguresError, calibration
-from rewrite.kernels import UntrustedBuildDir, store
+from rewrite.kernels import UntrustedBuildDir, build_folder
 from test_static_kernels import OUTPUTS, Block, _artifacts, _compile, _config
 
 ATOL, RTOL = 5e-5, 1e-4
@@ -184,7 +184,7 @@ def test_the_folders_we_make_are_private(cache):
     made = [cache, cache / "kernels", cache / "kernels" / OUTPUTS]
     made += [p for p in (cache / "kernels" / OUTPUTS).rglob("*") if p.is_dir()]
     assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in made} == {oct(0o700)}, made
-    lock = cache / "kernels" / OUTPUTS / store.LOCK
+    lock = cache / "kernels" / OUTPUTS / build_folder.LOCK
     assert stat.S_IMODE(lock.stat().st_mode) == 0o600  # nobody else may open it, so nobody else may hold it
 
 
@@ -192,10 +192,10 @@ def test_a_lock_file_others_could_open_is_narrowed_to_this_user(cache, tmp_path)
     build = tmp_path / "build"
     (build / OUTPUTS).mkdir(parents=True, mode=0o700)
     os.chmod(build, 0o700)
-    lock = build / OUTPUTS / store.LOCK
+    lock = build / OUTPUTS / build_folder.LOCK
     lock.write_text("")
     os.chmod(lock, 0o644)  # as earlier versions made it: anyone could take a read-only flock on it
-    ks = store.KernelStore(str(build))
+    ks = build_folder.KernelStore(str(build))
     with ks.lock() as locked:
         assert locked
     assert stat.S_IMODE(lock.stat().st_mode) == 0o600
@@ -234,8 +234,8 @@ def test_a_build_waits_a_bounded_time_for_a_held_lock_then_builds_alone(cache, t
                                                                        caplog):
     build = tmp_path / "build"
     build.mkdir(mode=0o700)
-    proc = holder(build / OUTPUTS / store.LOCK)
-    monkeypatch.setattr(store, "LOCK_WAIT_S", 2.0)
+    proc = holder(build / OUTPUTS / build_folder.LOCK)
+    monkeypatch.setattr(build_folder, "LOCK_WAIT_S", 2.0)
     with caplog.at_level(logging.WARNING, logger="rewrite"):
         (_, _, backend), _ = _within(120, _compile, build)  # results equal eager: _compile checks
     waited = [r.getMessage() for r in caplog.records if "build lock" in r.getMessage()]
@@ -247,7 +247,7 @@ def test_a_build_waits_a_bounded_time_for_a_held_lock_then_builds_alone(cache, t
 
 
 def test_the_tier_up_call_does_not_wait_for_a_held_lock_and_tiers_up_later(cache, holder):
-    proc = holder(cache / "kernels" / OUTPUTS / store.LOCK)
+    proc = holder(cache / "kernels" / OUTPUTS / build_folder.LOCK)
     os.chmod(cache, 0o700)
     os.chmod(cache / "kernels", 0o700)
     compiled, model, backend = _tiering(calls=2)
@@ -268,10 +268,10 @@ def test_the_tier_up_call_does_not_wait_for_a_held_lock_and_tiers_up_later(cache
 
 
 def test_a_tier_up_builds_without_a_lock_held_past_the_bound(cache, holder, monkeypatch, caplog):
-    proc = holder(cache / "kernels" / OUTPUTS / store.LOCK)
+    proc = holder(cache / "kernels" / OUTPUTS / build_folder.LOCK)
     os.chmod(cache, 0o700)
     os.chmod(cache / "kernels", 0o700)
-    monkeypatch.setattr(store, "LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr(build_folder, "LOCK_WAIT_S", 0.5)
     compiled, model, backend = _tiering(calls=1)
     x = torch.randn(4, 32)
     for _ in range(2):  # a plain call, then the tier-up: put off

@@ -331,12 +331,12 @@ _HOLD = ("import fcntl, os, sys, time\n"
 def test_decoder_calls_while_another_process_holds_the_tier_up_build_lock(gpt2, tmp_path, monkeypatch, strict):
     """Another process builds into the tier-up folder: the tier-up call does not wait for its lock (put off),
     and the next call, a cold call again, is a tier-up pending."""
-    from rewrite.kernels import static_kernels, store
+    from rewrite.kernels import static_kernels, build_folder
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("REWRITE_CACHE_DIR", raising=False)
     monkeypatch.setattr(static_kernels, "_loaded", static_kernels._Loaded())
-    lock = tmp_path / "cache" / "rewrite" / "kernels" / store.OUTPUTS / store.LOCK
+    lock = tmp_path / "cache" / "rewrite" / "kernels" / build_folder.OUTPUTS / build_folder.LOCK
     lock.parent.mkdir(parents=True, mode=0o700)
     lock.touch(mode=0o600)
     for folder in (lock.parent.parent.parent, lock.parent.parent):

@@ -228,11 +228,11 @@ def test_module_level_imports_follow_the_layout_layers():
 
 def test_load_time_imports_leave_out_those_inside_functions():
     """The measurement: user_passes.py infers shapes inside a function (one of the map's named exceptions),
-    export/program.py imports capture only under TYPE_CHECKING, memory.py imports the IR at its top."""
+    export/assembly.py imports capture only under TYPE_CHECKING, memory.py imports the IR at its top."""
     assert any(_in(t, "rewrite.shape") for t in GRAPH["rewrite.user_passes"])
     assert not any(_in(t, "rewrite.shape") for t in LOAD_TIME["rewrite.user_passes"])
-    assert "rewrite.export.capture" in GRAPH["rewrite.export.program"]
-    assert "rewrite.export.capture" not in LOAD_TIME["rewrite.export.program"]
+    assert "rewrite.export.capture" in GRAPH["rewrite.export.assembly"]
+    assert "rewrite.export.capture" not in LOAD_TIME["rewrite.export.assembly"]
     assert "rewrite.ir" in LOAD_TIME["rewrite.exec.memory"]
 
 

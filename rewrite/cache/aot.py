@@ -17,7 +17,7 @@ import torch
 
 from ..gears.spec import MAX_GEARS
 from ..ir import Graph
-from .graphs import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
+from .graph_files import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
 from .key import config_digest, digest, key_hash, tensor_digest, versions
 from .store import CacheDir, count
 

@@ -14,7 +14,7 @@ import os
 
 from .aot import common_fields, gear_graphs_by_key, gear_label
 from ..gears.spec import MAX_GEARS
-from .graphs import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
+from .graph_files import GRAPHS_FILE, check_error, decode_graphs, encode_graphs
 from .key import digest, key_hash
 from .store import CacheDir, count
 

@@ -23,7 +23,7 @@ what is used (docs/export_format.md, "Compile caches"):
   way is left as it is, with a warning, and the entry is not cached.
 * **Bounds.** A miss reads at most `MAX_SIBLINGS` sibling ``key.json`` files of at most
   `MAX_KEY_BYTES` each (for its log line); a signature file is at most `MAX_SIGNATURE_BYTES`; a graph
-  file at most 64 MiB; an entry holds at most ``MAX_GEARS`` gear graphs (graphs.py).
+  file at most 64 MiB; an entry holds at most ``MAX_GEARS`` gear graphs (graph_files.py).
 
 A folder that cannot be written (read-only, full disk) turns caching off for that folder in this
 process, with one warning. Threads: one `CacheDir` per folder, a lock per entry (compiles of

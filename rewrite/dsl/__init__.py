@@ -103,7 +103,7 @@ Where things are
     `rewrite.dsl.conditions` (one class per condition, and their constructors),
     `rewrite.dsl.rulesets` (`Rule`, `rule`, `RuleSet`, operand orders), `rewrite.dsl.evaluation`
     (`evaluate` and `match` on concrete values). The DSL writes no egglog: a rule reaches the e-graph
-    engine as plain data (`Rule.data`, each condition's ``data()``), and `rewrite.egraph.compile`
+    engine as plain data (`Rule.data`, each condition's ``data()``), and `rewrite.egraph.encode`
     writes the egglog text.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Conditions: the ``when=[...]`` of a rule, one class each (see `rewrite.dsl`, "Conditions").
 
 A condition is checked in three places: ``holds`` on concrete values (the Python matcher,
-`rewrite.testing`), inside the e-graph (``data()``: plain data the engine encodes, `rewrite.egraph.compile`),
+`rewrite.testing`), inside the e-graph (``data()``: plain data the engine encodes, `rewrite.egraph.encode`),
 and ``hint`` (what `rewrite.testing.check_rule` draws so that its random instances satisfy it).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Condition:
     Each condition says itself in the three places a rule is used: ``holds(binding)`` on concrete
     values or metas (the Python matcher, `rewrite.testing`), ``data()`` as plain data that the
     e-graph engine encodes as atoms over its dtype/shape/sizes/splat analyses
-    (`rewrite.egraph.compile`: the DSL writes no egglog), and ``hint(hints)`` for what
+    (`rewrite.egraph.encode`: the DSL writes no egglog), and ``hint(hints)`` for what
     `rewrite.testing.check_rule` should draw so that random instances satisfy it.
     """
 

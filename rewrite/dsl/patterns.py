@@ -260,7 +260,7 @@ def members(p) -> list | None:
 
 def pattern_data(p):
     """``p`` (a pattern, or a literal argument of one) as plain data: what the e-graph engine encodes
-    (`rewrite.egraph.compile`), which knows none of these classes.
+    (`rewrite.egraph.encode`), which knows none of these classes.
 
     ``("var", name)``; ``("call", op name, items)`` with the arguments, then the keyword arguments'
     values, in canonical order; ``("list", items)`` or ``("tuple", items)``; ``("lit", value)`` for a

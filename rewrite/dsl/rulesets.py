@@ -133,7 +133,7 @@ class Rule:
 
     def data(self) -> RuleData:
         """The pattern rule as plain data: what the e-graph engine compiles into egglog rules
-        (`rewrite.egraph.compile.RuleCompiler.compile_rule`), knowing none of the DSL's classes."""
+        (`rewrite.egraph.encode.RuleCompiler.compile_rule`), knowing none of the DSL's classes."""
         if self.is_computed:
             raise RuleError(f"rule {self.name} has a computed replacement; it runs on the IR, not in egglog")
         left = members(self.lhs)

@@ -10,7 +10,7 @@ may only ever make a graph better, never wrong.
 Where things are: `rewrite.egraph.run` holds the engine (`Engine`, cached per thread: egglog's EGraph
 is bound to its thread, and egglog does not survive fork(), see "Threads and processes" there) and the
 runs (`EGraphRun`, `run_egraph`, `equivalent_graphs`). A rule reaches the engine as plain data, and
-`compile` writes the egglog text of rules (the DSL writes none); `terms` is the term language and its
+`encode` writes the egglog text of rules (the DSL writes none); `terms` is the term language and its
 prelude, `load` puts a graph into the e-graph in bulk, `saturate` runs the schedule with meta inference
 (`names` and `decode` carry e-classes in and out of Python), `snapshot` is a read-only view of the
 e-graph, `extract` picks the cheapest DAG (or a variant) and `rebuild` makes the IR graph of it.

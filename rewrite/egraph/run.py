@@ -23,7 +23,7 @@ import threading
 
 from ..cost import graph_cost
 from ..ir import Graph, is_side_effect, map_nodes
-from .compile import RuleCompiler
+from .encode import RuleCompiler
 from .extract import extract, extract_variant
 from .load import LOAD_PRELUDE, load_graph
 from .names import NAME_PRELUDE

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 
-from .compile import MATCH_SUFFIX, PENDING_SUFFIX
+from .encode import MATCH_SUFFIX, PENDING_SUFFIX
 from ..ops import OpError, split_args, target_from_name
 from .decode import VALUE_OPS, Decoder, literal_meta
 from .load import describe_commands, send_rows

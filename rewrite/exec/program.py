@@ -219,9 +219,9 @@ class PlannedProgram:
         """Plan ``gear`` on this call's inputs and build its static kernels; on failure it keeps its ATen code.
 
         Another process building into the same folder does not hold this call up for more than
-        `rewrite.kernels.store.TIER_UP_LOCK_WAIT_S`: the gear keeps its ATen code (``gear.run`` stays
+        `rewrite.kernels.build_folder.TIER_UP_LOCK_WAIT_S`: the gear keeps its ATen code (``gear.run`` stays
         None) and tries again after another ``tier_up_calls`` calls; once the lock has been busy for
-        `rewrite.kernels.store.LOCK_WAIT_S` the build goes ahead without it."""
+        `rewrite.kernels.build_folder.LOCK_WAIT_S` the build goes ahead without it."""
         from ..kernels import LockBusy
 
         try:

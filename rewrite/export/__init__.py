@@ -11,8 +11,8 @@ Nothing is ever pickled.
 
 The file format itself (graph files, weights, the op allow-list, the field checks, `ExportError`)
 lives in `rewrite.persist`, which the compile cache reads and writes too; this package holds the
-workflows: capture and export (exporter.py, capture.py, program.py, ranks.py, onnx.py), the input
-and output signature (signature.py) and loading (loader.py).
+workflows: capture and export (exporter.py, capture.py, assembly.py, ranks.py, onnx.py), the input
+and output signature (io_spec.py) and loading (loader.py).
 """
 from ..persist import atomic as files  # noqa: F401 - write_files' old home, still named by callers that patch it
 from ..persist.errors import ExportError

@@ -2,7 +2,7 @@
 
 Order of work, so a failure never leaves a half-written export:
 1. check the arguments; 2. trace and optimize (capture.py); 3. build the graph file and the
-weight bytes in memory (program.py); 4. load that program back from memory and run it on the
+weight bytes in memory (assembly.py); 4. load that program back from memory and run it on the
 example inputs, comparing with what the compiled model returned; 5. optionally produce the ONNX
 file in a scratch folder; 6. for multi-rank exports, agree with the other ranks; 7. write the
 files as one unit (files.py: staged, then moved into place with the graph file last, rolled back
@@ -39,7 +39,7 @@ from ..persist.checks import FILE_NAME
 from ..persist.errors import ExportError
 from ..persist.weights import InMemoryWeightReader
 from .loader import MANIFEST_FORMAT, ExportedModel
-from .program import build_program
+from .assembly import build_program
 from .ranks import Ranks
 
 log = logging.getLogger("rewrite")

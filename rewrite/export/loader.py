@@ -35,7 +35,7 @@ from ..persist.errors import ExportError
 from ..persist.format import decode_graph
 from ..persist.weights import WeightReader
 from .ranks import Ranks
-from .signature import (InputBinder, build_result, check_input_spec, check_output_spec, leaf_name, scalar_value,
+from .io_spec import (InputBinder, build_result, check_input_spec, check_output_spec, leaf_name, scalar_value,
                         walk_leaves)
 
 log = logging.getLogger("rewrite")

@@ -22,7 +22,7 @@ import torch
 from ..fx_bridge import to_fx
 from ..ir import Graph, TensorMeta
 from ..persist.errors import ExportError
-from .signature import leaf_name
+from .io_spec import leaf_name
 
 log = logging.getLogger("rewrite")
 

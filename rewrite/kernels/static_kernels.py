@@ -2,10 +2,10 @@
 
 While each gear's plan is made (`rewrite.exec.program`), `StaticKernels.decide` gives every op the C
 generator supports (`cgen`) a kernel key (`signature.kernel_key`), `fuse` groups neighbouring pointwise
-steps (`fusion`), and `record` writes the seed's signature records (`store`). After the last gear, `build`
+steps (`fusion`), and `record` writes the seed's signature records (`build_folder`). After the last gear, `build`
 looks for the kernels in the artifacts of the build folder (`artifact`), builds what is missing into one
 new artifact (one C compile, `compiler`; under the folder's lock, so processes on one machine build each
-kernel once; a lock held too long is bypassed, never waited on without bound: `store`), and loads them
+kernel once; a lock held too long is bypassed, never waited on without bound: `build_folder`), and loads them
 into the process-wide table every compiled function shares. `bind` gives a plan's step its kernel's
 address and operands (`rewrite.exec.planned.NativeRuns` runs them).
 """
@@ -22,8 +22,8 @@ from ..ir import Node
 from ..ops import GEMMS, target_name
 from ..persist.folders import FolderRefused
 from . import artifact, cgen, compiler, fusion, signature
-from . import store as _store
-from .store import FolderUntrusted, KernelStore, StoreError, check_local_world, default_build_dir, tier_up_build_dir
+from . import build_folder
+from .build_folder import FolderUntrusted, KernelStore, StoreError, check_local_world, default_build_dir, tier_up_build_dir
 
 log = logging.getLogger("rewrite")
 
@@ -39,7 +39,7 @@ class StaticKernelError(RuntimeError):
 
 
 class UntrustedBuildDir(StaticKernelError):
-    """The build folder is a symlink, another user's or open to others' writes (`store`'s trust rule)."""
+    """The build folder is a symlink, another user's or open to others' writes (`build_folder`'s trust rule)."""
 
 
 def build_dir(config, tiered: bool = False) -> str:
@@ -235,7 +235,7 @@ class StaticKernels:
         steps were decided on before the group, and their own kernels are built only where a plan runs
         them); afterwards each is callable.
 
-        Waits for another process's build at most `store.LOCK_WAIT_S` (then builds without the lock),
+        Waits for another process's build at most `build_folder.LOCK_WAIT_S` (then builds without the lock),
         or, on a tier-up (the model caller's call), `store.TIER_UP_LOCK_WAIT_S`: then `LockBusy`
         is raised and the pending kernels stay pending for the next try."""
         wanted = set(self.pending) if keys is None else set(keys) & set(self.pending)
@@ -247,7 +247,7 @@ class StaticKernels:
         found = self._find(need)
         built = 0
         if len(found) < len(need):
-            wait_s = _store.TIER_UP_LOCK_WAIT_S if self.unit.policy.tiers_up else _store.LOCK_WAIT_S
+            wait_s = build_folder.TIER_UP_LOCK_WAIT_S if self.unit.policy.tiers_up else build_folder.LOCK_WAIT_S
             with self.store.lock(wait_s) as locked:  # others building now finish first; then look again
                 if locked:
                     found |= self._find({k: s for k, s in need.items() if k not in found})

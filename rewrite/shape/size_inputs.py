@@ -5,7 +5,7 @@ already carries it as one of its dims (same symbol: Dynamo's guards make them eq
 then hold one value, and the exported signature needs a value the caller never chose. Here each
 such SymInt placeholder's readers read ``aten.sym_size.int(tensor, dim)`` instead, so the graph has
 one source of truth for the size; the placeholder stays in the calling convention, unread (an
-export drops it, see rewrite.export.program; per-gear graphs fold the sym_size to its number).
+export drops it, see rewrite.export.assembly; per-gear graphs fold the sym_size to its number).
 
 Matched like TorchAir: the SymInt's expression equals a tensor input's dim expression exactly
 (``s7`` to a dim ``s7``, ``s0*s1`` to a dim ``s0*s1``); the first tensor input and dim win.

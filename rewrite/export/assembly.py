@@ -18,7 +18,7 @@ from ..persist.errors import ExportError
 from ..persist.format import FORMAT_VERSION, encode_graph, encode_meta
 from ..persist.weights import WeightWriter
 from ..subclasses import flatten, is_subclass
-from .signature import describe_inputs, describe_outputs
+from .io_spec import describe_inputs, describe_outputs
 
 if TYPE_CHECKING:  # capture imports Dynamo, which loading an export must not need
     from .capture import Captured
