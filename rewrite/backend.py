@@ -70,7 +70,7 @@ def decomposition_table() -> dict:
     return table
 
 
-def _is_weight_source(name: str) -> bool:
+def is_weight_source(name: str) -> bool:
     """Whether Dynamo's source name of a graph input names a module's parameter or buffer."""
     return "._parameters[" in name or "._buffers[" in name
 
@@ -117,7 +117,7 @@ class RewriteBackend:
         frame = dynamo_code()  # the user's function Dynamo is compiling (None outside Dynamo)
         names = dynamo_input_names(gm, len(example_inputs))
         weights = [i for i, name in enumerate(names)
-                   if _is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
+                   if is_weight_source(name) or isinstance(example_inputs[i], torch.nn.Parameter)]
         # Read in place across calls (a CUDA graph reads them where they are): the weights, and tensors the
         # model marked with torch._dynamo.mark_static_address (transformers' static KV cache). Only weights
         # are ever frozen: a marked tensor is state the model writes.
@@ -235,7 +235,7 @@ class RewriteBackend:
                 graph = run_pre_pass(gm, example_inputs, unit, name)  # config.post_grad_custom_pre_pass, then from_fx
                 graph = annotate_streams(graph, self.config, rep)
                 rep.count("sizes_read_from_tensors", read_sizes_from_tensors(graph))
-                _freeze(graph, frozen)
+                freeze_weights(graph, frozen)
                 rep.ops_before = graph.op_counts()
             stages.dump(graph, "before")
             graph = optimize(graph, unit)
@@ -323,7 +323,7 @@ def _renumber_gears(spec, origin: list, graph_inputs: list):
         example=None if spec.example is None else {(renumber[i], d): v for (i, d), v in spec.example.items()})
 
 
-def _freeze(graph: Graph, frozen: dict) -> None:
+def freeze_weights(graph: Graph, frozen: dict) -> None:
     """Replace the uses of weight placeholders by constants holding the weights themselves."""
     if not frozen:
         return

@@ -242,3 +242,33 @@ def test_every_test_file_is_on_the_tests_map():
         text = f.read()
     missing = sorted(f for f in os.listdir(tests) if f.endswith(".py") and f"| `{f}` |" not in text)
     assert not missing, f"test files missing from tests/README.md: {missing}"
+
+
+# The op-family mirrors: a rule family and the static-kernel generator of the same ops share a name on purpose.
+_MIRRORS = ("rewrite/rules/", "rewrite/kernels/cgen/")
+
+
+def test_no_two_modules_share_a_file_name_outside_the_op_family_mirrors():
+    by_name: dict = {}
+    for path in MODULES.values():
+        rel = os.path.relpath(path, os.path.dirname(ROOT))
+        if os.path.basename(path) != "__init__.py" and not rel.startswith(_MIRRORS):
+            by_name.setdefault(os.path.basename(path), []).append(rel)
+    assert not {b: p for b, p in by_name.items() if len(p) > 1}
+
+
+def _private_imports(path: str) -> list[str]:
+    """``from <rewrite module> import _name`` statements of a module (a private alias of a public name is fine)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("rewrite")):
+            out += [f"{path}: {node.module} {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_private_name_is_imported_across_modules():
+    found = [line for path in MODULES.values() for line in _private_imports(path)]
+    assert not found, "\n".join(found)

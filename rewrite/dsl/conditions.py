@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..ops import ALL_DTYPES, FLOATS, INTS, dtype_str, register_target, shape_key, splat_key, target_name
-from .patterns import Lit, RuleError, Var, _fmt, _OpBuilder
+from .patterns import Lit, RuleError, Var, format_pattern, OpBuilder
 
 
 class Condition:
@@ -39,7 +39,7 @@ class Condition:
         """Record in ``hints`` (variable name -> {key: value}) what the condition asks for."""
 
     def _names(self) -> str:
-        return ", ".join(v.name if isinstance(v, Var) else _fmt(v) for v in self.vars)
+        return ", ".join(v.name if isinstance(v, Var) else format_pattern(v) for v in self.vars)
 
     def _values(self, binding: dict) -> list:
         return [_bound(v, binding) for v in self.vars]
@@ -78,7 +78,7 @@ class DtypeIn(_OnOne):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _SameMeta(Condition):
+class SameMeta(Condition):
     """``x`` and ``y`` agree on one part of their metas (`SameDtype`, `SameShape`)."""
 
     x: Var
@@ -102,7 +102,7 @@ class _SameMeta(Condition):
         hints.setdefault(self.y.name, {})[self.hint_key] = self.x.name
 
 
-class SameDtype(_SameMeta):
+class SameDtype(SameMeta):
     label, analysis, hint_key = "same_dtype", "dtype", "dtype_like"
 
     def holds(self, binding):
@@ -110,7 +110,7 @@ class SameDtype(_SameMeta):
         return a is not None and a == b
 
 
-class SameShape(_SameMeta):
+class SameShape(SameMeta):
     label, analysis, hint_key = "same_shape", "shape", "shape_like"
 
     def holds(self, binding):
@@ -421,7 +421,7 @@ def is_scalar(c: Var) -> Condition:
 
 def made_by(x: Var, *targets) -> Condition:
     """``x`` is computed by a call of one of ``targets`` (``aten.addmm.default``, ``operator.getitem``)."""
-    targets = tuple(t.target if isinstance(t, _OpBuilder) else t for t in targets)
+    targets = tuple(t.target if isinstance(t, OpBuilder) else t for t in targets)
     for t in targets:
         if not (isinstance(t, torch._ops.OpOverload) or t is operator.getitem):
             raise RuleError(f"made_by({x!r}, ...): targets are ATen overloads or operator.getitem, got {t!r}")

@@ -85,19 +85,19 @@ class OpPattern(Pattern):
     def __repr__(self):
         if self.target is SIBLINGS:
             return "siblings(" + ", ".join(map(repr, self.args[0])) + ")"
-        inner = [_fmt(a) for a in self.args]
+        inner = [format_pattern(a) for a in self.args]
         for k, v in self.kwargs.items():
             default = schema_default(self.target, k)
             if not (default is not NO_DEFAULT and same_value(default, v)):
-                inner.append(f"{k}={_fmt(v)}")
+                inner.append(f"{k}={format_pattern(v)}")
         return f"{self.name}({', '.join(inner)})"
 
 
-def _fmt(a) -> str:
+def format_pattern(a) -> str:
     if isinstance(a, list):
-        return "[" + ", ".join(_fmt(x) for x in a) + "]"
+        return "[" + ", ".join(format_pattern(x) for x in a) + "]"
     if isinstance(a, tuple):
-        return "(" + ", ".join(_fmt(x) for x in a) + ")"
+        return "(" + ", ".join(format_pattern(x) for x in a) + ")"
     if isinstance(a, torch.dtype):
         return str(a)
     return repr(a)
@@ -141,7 +141,7 @@ def variables(names: str, dtype=None, rank: int | None = None) -> tuple[Var, ...
     return tuple(Var(n, dtype, rank) for n in names.replace(",", " ").split())
 
 
-def _vars_of(p, out: dict) -> dict:
+def vars_of(p, out: dict) -> dict:
     """The `Var` objects in ``p`` by name, first occurrence first (typed ones win over plain ones)."""
     for v in _walk_vars(p):
         seen = out.get(v.name)
@@ -153,7 +153,7 @@ def _vars_of(p, out: dict) -> dict:
     return out
 
 
-class _OpBuilder:
+class OpBuilder:
     """``op(target)(*args, **kwargs)`` -> OpPattern in canonical form."""
 
     def __init__(self, target):
@@ -202,9 +202,9 @@ def _traced_overload(packet) -> torch._ops.OpOverload:
                     "show the spellings)")
 
 
-def op(target) -> _OpBuilder:
+def op(target) -> OpBuilder:
     """Pattern constructor for any call target (ATen overload, ``operator.mul``, ...)."""
-    return _OpBuilder(target)
+    return OpBuilder(target)
 
 
 class _Namespace:
@@ -222,11 +222,11 @@ class _PacketBuilder:
     def __init__(self, packet):
         self._packet = packet
 
-    def __getattr__(self, overload: str) -> _OpBuilder:
-        return _OpBuilder(getattr(self._packet, overload))
+    def __getattr__(self, overload: str) -> OpBuilder:
+        return OpBuilder(getattr(self._packet, overload))
 
     def __call__(self, *args, **kwargs) -> OpPattern:
-        return _OpBuilder(self._packet)(*args, **kwargs)
+        return OpBuilder(self._packet)(*args, **kwargs)
 
 
 aten = _Namespace("aten")

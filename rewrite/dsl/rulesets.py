@@ -15,9 +15,9 @@ from typing import Any, Iterable, NamedTuple
 import torch
 
 from ..ops import COMMUTATIVE, is_pointwise, schema_default, schema_types
-from .conditions import Condition, DtypeIn, _SameMeta, type_conditions
+from .conditions import Condition, DtypeIn, SameMeta, type_conditions
 from .evaluation import evaluate, match
-from .patterns import (SIBLINGS, Lit, OpPattern, Pattern, RuleError, Var, _fmt, _vars_of, members, pattern_data,
+from .patterns import (SIBLINGS, Lit, OpPattern, Pattern, RuleError, Var, format_pattern, vars_of, members, pattern_data,
                        same_value)
 
 
@@ -158,7 +158,7 @@ class Rule:
                         for k, v in lhs.kwargs.items()))
 
     def __repr__(self):
-        rhs = getattr(self.rhs, "__name__", "<computed>") if self.is_computed else _fmt(self.rhs)
+        rhs = getattr(self.rhs, "__name__", "<computed>") if self.is_computed else format_pattern(self.rhs)
         # the engine's guard on every rule (see the module docstring), listed with the conditions
         when = ", ".join([*map(repr, self.when), "keeps dtype+shape"])
         rounding = "" if self.exact else " (may round differently)"
@@ -242,7 +242,7 @@ def _renamed_condition(c: Condition, names: dict) -> Condition:
     fields = {f.name: _renamed(getattr(c, f.name), names) if isinstance(getattr(c, f.name), (Var, Lit)) else getattr(c, f.name)
               for f in dataclasses.fields(c)}
     out = type(c)(**fields)
-    if isinstance(out, _SameMeta) and out.y.name < out.x.name:
+    if isinstance(out, SameMeta) and out.y.name < out.x.name:
         out = type(c)(out.y, out.x)
     return out
 
@@ -273,7 +273,7 @@ def rule(lhs: OpPattern, rhs, when: Iterable[Condition] = (), name: str | None =
     found: dict = {}
     for side in (lhs, rhs):
         if isinstance(side, Pattern):
-            _vars_of(side, found)
+            vars_of(side, found)
     declared = [c for v in found.values() for c in type_conditions(v)]
     return Rule(name, lhs, rhs, tuple(declared + [c for c in when if c not in declared]), exact, commute)
 

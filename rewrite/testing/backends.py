@@ -158,7 +158,7 @@ def capture_graphs(fn, inputs: Sequence, dynamic: bool = False, name: str | None
     ``make_fx(tracing_mode="symbolic")`` of the whole function (one graph; sizes read from the inputs,
     so the graph runs at other sizes; parameters are constants).
     """
-    from ..backend import _freeze, _is_weight_source, decomposition_table
+    from ..backend import decomposition_table, freeze_weights, is_weight_source
     from ..fx_bridge import dynamo_input_names, from_fx
 
     base = name or getattr(fn, "__qualname__", None) or type(fn).__name__
@@ -177,7 +177,7 @@ def capture_graphs(fn, inputs: Sequence, dynamic: bool = False, name: str | None
     def capture(gm, example_inputs):
         names = dynamo_input_names(gm, len(example_inputs))
         weights = [i for i, n in enumerate(names)
-                   if _is_weight_source(n) or isinstance(example_inputs[i], torch.nn.Parameter)]
+                   if is_weight_source(n) or isinstance(example_inputs[i], torch.nn.Parameter)]
         # Weights as they are (frozen into the graph below); inputs copied before the call can change them.
         real = [v.detach() if i in weights else (v.detach().clone() if isinstance(v, torch.Tensor) else v)
                 for i, v in enumerate(example_inputs)]
@@ -203,7 +203,7 @@ def capture_graphs(fn, inputs: Sequence, dynamic: bool = False, name: str | None
             aten_gm = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"), decomposition_table(),
                               tracing_mode="fake")(*_detached(real))
         graph = from_fx(aten_gm, label)
-        _freeze(graph, {i: real[i] for i in weights})
+        freeze_weights(graph, {i: real[i] for i in weights})
         cases.append(GraphCase(label, graph, real, fixed=frozenset(weights), like_example=True, origin=base))
     if not cases and not notes:
         notes.append(f"{base}: Dynamo captured no graph (nothing to compile)")
