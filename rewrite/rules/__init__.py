@@ -9,92 +9,13 @@ A rule module contributes ``RULESETS: list[RuleSet]`` (and ``LEFT_OUT``, the rul
 lacks, with why). A ruleset's name is ``family.name``. `LIBRARY` is the rulesets in the order the
 schedule runs them, as values: `rewrite.optimizer.SCHEDULE` holds them with how often each runs
 per round; this package knows nothing of the schedule (egglog's separation: rulesets carry rules). Hand-written passes (folding, dedup, dead
-edges) live in `rewrite.passes`. Users add rulesets through
+edges) live in `rewrite.passes`. `library.py` holds `LIBRARY` and what a compile does with it. Users add rulesets through
 ``CompilerConfig().rules.extra`` and switch rules off by name (a rule, a ruleset or a whole family)
 through ``CompilerConfig().rules.disabled`` (`without`).
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import threading
-
-from ..config import ConfigError, RulesConfig
-from ..dsl import RuleSet
 from . import algebra, fused, gemm, shape_ops
+from .library import LIBRARY, check_user_rulesets, default_rulesets, family_of, left_out, without
 
 __all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "family_of", "left_out"]
-
-# Shape ops first: they expose algebra matches; GEMM rules and fused kernels see the cleaned graph.
-_MODULES = (shape_ops, algebra, gemm, fused)
-LIBRARY: tuple[RuleSet, ...] = tuple(rs for module in _MODULES for rs in module.RULESETS)
-
-
-def default_rulesets() -> list[RuleSet]:
-    """The library's rulesets, in the order the schedule runs them (`LIBRARY`; how often each runs is the
-    schedule's: `rewrite.optimizer.library_runs`)."""
-    return list(LIBRARY)
-
-
-def left_out() -> list[str]:
-    """Rules the library leaves out in this build, with why (a fused kernel it lacks). Read when
-    asked: a rule module records them as it loads."""
-    return [why for module in _MODULES for why in getattr(module, "LEFT_OUT", ())]
-
-
-def check_user_rulesets(extra) -> list[RuleSet]:
-    """``config.rules.extra`` as a compile uses it: RuleSet objects (the config field's own check, again: the
-    list may have been changed in place since it was assigned) whose names no other ruleset has."""
-    extra = RulesConfig.extra.check("config.rules.extra", extra)
-    taken = {rs.name for rs in default_rulesets()}
-    for i, rs in enumerate(extra):
-        if rs.name in taken:
-            raise ValueError(f"config.rules.extra[{i}]: ruleset name {rs.name!r} is already used; pick another name")
-        taken.add(rs.name)
-    return extra
-
-
-def family_of(ruleset_name: str) -> str:
-    """A ruleset's family: its name up to the first dot (``gemm.merge_parallel`` -> ``gemm``)."""
-    return ruleset_name.split(".", 1)[0]
-
-
-_derived: dict = {}  # (id of the ruleset, names removed) -> (the ruleset, the copy without them)
-_derived_lock = threading.Lock()
-
-
-def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
-    """``rulesets`` minus what ``disabled`` names: rule names, ruleset names or families.
-
-    Raises ConfigError for a name that is none of these, listing the families and rulesets (and
-    rule names close to it). The same rulesets and names give the same objects back, so the
-    e-graph engine compiled for them is reused.
-    """
-    disabled = set(disabled)
-    if not disabled:
-        return list(rulesets)
-    families = {family_of(rs.name) for rs in rulesets}
-    names = {rs.name for rs in rulesets}
-    rules = {r.name for rs in rulesets for r in rs.rules}
-    unknown = sorted(disabled - families - names - rules)
-    if unknown:
-        close = sorted({m for n in unknown for m in difflib.get_close_matches(n, rules | names | families, n=3)})
-        raise ConfigError(
-            f"config.rules.disabled names {unknown}, which are no rule family, ruleset or rule; families: "
-            f"{sorted(families)}; rulesets: {sorted(names)}; rules: the {len(rules)} names `python -m rewrite rules` "
-            f"lists" + (f" (close: {close})" if close else ""))
-    out = []
-    for rs in rulesets:
-        if rs.name in disabled or family_of(rs.name) in disabled:
-            continue
-        removed = frozenset(r.name for r in rs.rules if r.name in disabled)
-        if not removed:
-            out.append(rs)
-            continue
-        key = (id(rs), removed)
-        with _derived_lock:
-            entry = _derived.get(key)
-            if entry is None or entry[0] is not rs:
-                entry = _derived[key] = (rs, dataclasses.replace(rs, rules=[r for r in rs.rules if r.name not in removed]))
-        out.append(entry[1])
-    return out
