@@ -269,9 +269,7 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
     optimization); every gear optimized here is added.
     """
     report, number = unit.report, unit.number
-    fallback = unit.config.inference_config.gear_fallback
-    if gear_spec.declared and fallback == "error":
-        fallback = "pad"  # a declared range says every size in it runs: padded where that is safe, else dynamic
+    fallback = gear_spec.fallback(unit.config.inference_config.gear_fallback)
     symbols, gears = bind_gears(graph, gear_spec)
     # A first call whose own sizes are no gear is refused by the dispatcher when it runs, not here:
     # raised while compiling, Dynamo would wrap it (BackendCompilerFailed, which `except GearError`

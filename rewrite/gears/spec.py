@@ -263,6 +263,12 @@ class GearSpec:
     def input(self, index: int) -> InputGears:
         return next(i for i in self.inputs if i.index == index)
 
+    def fallback(self, configured: str) -> str:
+        """What serves a size that is no gear, given ``config.inference_config.gear_fallback``: as configured,
+        except that declared ranges never refuse a size inside them ("error" becomes "pad": padded where that is
+        safe, else the dynamic graph runs)."""
+        return "pad" if self.declared and configured == "error" else configured
+
 
 def merge_gears(inputs: list[InputGears], policy: str, symbols: dict | None = None) -> list[dict]:
     """Combine the tensors' gear lists with ``policy``; at most MAX_GEARS gears.

@@ -199,7 +199,7 @@ class ShapeContext:
     def kernels(self):
         """The FakeTensor runner for ops without a hand rule, sharing this context's symbols."""
         if self._kernel_runner is None:
-            from .kernels import KernelRunner
+            from .meta_kernels import KernelRunner
 
             self._kernel_runner = KernelRunner(self)
         return self._kernel_runner

@@ -2,7 +2,7 @@
 
 Order of questions for one op: Python size arithmetic (``operator.mul`` on sizes) -> higher-order
 ops (``while_loop``, ``cond``) -> inputs of unknown rank -> a hand rule (`rules.RULES`, or the
-elementwise rule for pointwise ops) -> torch's meta kernel under a ShapeEnv (`kernels.py`).
+elementwise rule for pointwise ops) -> torch's meta kernel under a ShapeEnv (`meta_kernels.py`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch.fx.node import map_aggregate
 from ..ir import Graph, Node, SymMeta, TensorMeta, format_meta, iter_instances, map_nodes, meta_of_value
 from ..ops import is_pointwise, target_name
 from .context import ShapeContext, ShapeInferenceError, to_expr
-from .kernels import probe_dtype
+from .meta_kernels import probe_dtype
 from .rules import RULES, SCALAR_RULES, NoRule, bind, elementwise
 
 log = logging.getLogger("rewrite")

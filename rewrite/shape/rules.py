@@ -3,7 +3,7 @@
 A rule gets the op's arguments bound by name (``a.self``, ``a.dim``...; tensors are `TensorMeta`,
 sizes are sympy expressions) and returns the output meta. Rules exist where they give simpler
 expressions than torch's meta kernels (``s0*s1`` rather than ``FloorDiv(64*s0*s1, 64)``) or where
-they avoid building FakeTensors; every other op goes to its meta kernel (`kernels.py`). A rule
+they avoid building FakeTensors; every other op goes to its meta kernel (`meta_kernels.py`). A rule
 that cannot decide something (a size that might or might not be 1) raises `NoRule`, and the meta
 kernel answers instead.
 """
@@ -20,7 +20,7 @@ from torch.utils._sympy.functions import FloorDiv, Mod
 from .. import ops
 from ..ir import SymMeta, TensorMeta, iter_instances
 from .context import ShapeContext, ShapeInferenceError, to_expr
-from .kernels import probe_dtype
+from .meta_kernels import probe_dtype
 
 __all__ = ["NoRule", "RULES", "SCALAR_RULES", "elementwise", "bind", "broadcast"]
 
