@@ -477,6 +477,10 @@ def _auto_streams_on_two_branches():
     """Compile two equal branches of 8 matmuls 128x128 with auto_streams; check them against eager."""
     config = rewrite.CompilerConfig()
     config.exec.auto_streams = True
+    # weights as inputs: with frozen ones the branches' first matmuls (they share x) may merge into one GEMM
+    # (merge_parallel fires on them) when the times measured at the graph's shapes favour it; a full-suite run on
+    # a loaded machine once found no second stream that way
+    config.experimental_config.frozen_parameter = False
     model = TwoBranches(128).eval()
     compiled, backend = _compile(model, config)
     x = torch.randn(128, 128)
