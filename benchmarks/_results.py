@@ -166,6 +166,17 @@ def record_section(name: str, body: str, force: bool = False) -> bool:
     return True
 
 
+def latency_panel(ax, rows: dict, names: list, labels: list, title: str) -> None:
+    """A traffic plot's latency panel: p50 and p99 per request of each contender, side by side."""
+    xs, w = range(len(names)), 0.4
+    ax.bar([x - w / 2 for x in xs], [rows[c]["p50"] * 1e3 for c in names], w, label="p50")
+    ax.bar([x + w / 2 for x in xs], [rows[c]["p99"] * 1e3 for c in names], w, label="p99")
+    ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_ylabel("ms per request")
+    ax.set_title(f"{title}: latency")
+    ax.legend(fontsize=7)
+
+
 def save_plot(fig, filename: str) -> str:
     os.makedirs(OUT_DIR, exist_ok=True)
     path = os.path.join(HERE, filename)

@@ -36,8 +36,8 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import (OUT_DIR, cold_caches, machine_line, markdown_table, record_section, rss_reset,  # noqa: E402
-                      save_plot, status_kb)
+from _results import (OUT_DIR, cold_caches, latency_panel, machine_line, markdown_table, record_section,  # noqa: E402
+                      rss_reset, save_plot, status_kb)
 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
@@ -602,14 +602,7 @@ def traffic_plot(results, done, contenders, quick: bool = False):
         ax.set_xticks(list(xs), labels, fontsize=7)
         ax.set_ylabel("requests / s")
         ax.set_title(f"{trace}: throughput")
-        ax = axes[row][2]
-        w = 0.4
-        ax.bar([x - w / 2 for x in xs], [rows[c]["p50"] * 1e3 for c in names], w, label="p50")
-        ax.bar([x + w / 2 for x in xs], [rows[c]["p99"] * 1e3 for c in names], w, label="p99")
-        ax.set_xticks(list(xs), labels, fontsize=7)
-        ax.set_ylabel("ms per request")
-        ax.set_title(f"{trace}: latency")
-        ax.legend(fontsize=7)
+        latency_panel(axes[row][2], rows, names, labels, trace)
         ax = axes[row][3]
         compiled = [c for c in names if c != "eager"]
         ax.bar(range(len(compiled)), [rows[c]["compile_s"] for c in compiled], color="tab:orange")

@@ -49,8 +49,8 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import (cold_caches, machine_line, markdown_table, record_section, rss_reset, save_plot,  # noqa: E402
-                      status_kb)
+from _results import (cold_caches, latency_panel, machine_line, markdown_table, record_section, rss_reset,  # noqa: E402
+                      save_plot, status_kb)
 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
@@ -326,14 +326,7 @@ def plot(results: dict, contenders: list):
         ax.set_xticks(list(xs), labels, fontsize=7)
         ax.set_ylabel("requests / s")
         ax.set_title(f"{trace}: throughput")
-        ax = axes[row][1]
-        w = 0.4
-        ax.bar([x - w / 2 for x in xs], [rows[c]["p50"] * 1e3 for c in names], w, label="p50")
-        ax.bar([x + w / 2 for x in xs], [rows[c]["p99"] * 1e3 for c in names], w, label="p99")
-        ax.set_xticks(list(xs), labels, fontsize=7)
-        ax.set_ylabel("ms per request")
-        ax.set_title(f"{trace}: latency")
-        ax.legend(fontsize=7)
+        latency_panel(axes[row][1], rows, names, labels, trace)
     fig.tight_layout()
     return fig
 
