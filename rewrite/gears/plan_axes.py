@@ -26,8 +26,17 @@ __all__ = ["plan_gear_axes", "AxesPlan", "plan_gear_pairs", "PairsPlan"]
 _ROUNDS = 6  # alternations of the two one-dim programmes per budget split (they settle in two or three)
 
 
+class _PredictedWaste:
+    """What a two-axis plan reports from its ``cost`` and ``real``."""
+
+    @property
+    def expected_waste(self) -> float:
+        """The padded share of the predicted cost (0 when nothing is padded)."""
+        return max(0.0, 1 - self.real / self.cost) if self.cost else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
-class AxesPlan:
+class AxesPlan(_PredictedWaste):
     """Batch gears x sequence gears, and what they cost on the traffic they were planned for."""
 
     batch: list
@@ -39,11 +48,6 @@ class AxesPlan:
     @property
     def gears(self) -> int:
         return len(self.batch) * len(self.sequence)
-
-    @property
-    def expected_waste(self) -> float:
-        """The padded share of the predicted cost (0 when nothing is padded)."""
-        return max(0.0, 1 - self.real / self.cost) if self.cost else 0.0
 
     def __str__(self) -> str:
         return (f"{self.gears} gears: batch {self.batch} x sequence {self.sequence}; "
@@ -77,7 +81,7 @@ def plan_gear_axes(shapes, *, max_gears: int = 16, latency: Callable | None = No
 
 
 @dataclasses.dataclass(frozen=True)
-class PairsPlan:
+class PairsPlan(_PredictedWaste):
     """Gears as (batch, sequence) pairs, not a grid: declare them with ``dynamic_gears_merge_policy="zip"`` and
     ``set_dim_gears(t, plan.dim_gears)`` on each input that carries both dims."""
 
@@ -94,10 +98,6 @@ class PairsPlan:
     def dim_gears(self) -> dict:
         """``{0: batches, 1: sequences}``, position by position (the "zip" policy pairs them back)."""
         return {0: [b for b, _ in self.pairs], 1: [s for _, s in self.pairs]}
-
-    @property
-    def expected_waste(self) -> float:
-        return max(0.0, 1 - self.real / self.cost) if self.cost else 0.0
 
     def __str__(self) -> str:
         return (f"{self.gears} gear pairs {self.pairs}; {self.expected_waste:.1%} of the predicted work is padding "
