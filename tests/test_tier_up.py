@@ -338,3 +338,26 @@ def test_a_build_running_at_exit_finishes_and_queued_ones_are_cancelled(tmp_path
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "ran").exists() and not (tmp_path / "queued").exists()
+
+
+def test_exit_waits_for_a_running_build_at_most_its_bound():
+    """A build that outlasts ``EXIT_WAIT_S`` does not hold the process: exit goes on and says so."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    script = textwrap.dedent("""
+        import logging, threading, time
+        from rewrite.exec import background
+        logging.basicConfig()
+        background.EXIT_WAIT_S = 0.5
+        started = threading.Event()
+        background.submit(lambda: (started.set(), time.sleep(30)))
+        started.wait()
+    """)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 25
+    assert "a background build still runs" in proc.stderr

@@ -8,7 +8,8 @@ compiled model may own are listed in docs/streams.md). A process forked after a 
 a thread of its own on its first build. Builds take Dynamo's compile lock, so an Inductor compile here
 never interleaves with a compile Dynamo runs on another thread (Inductor's config is process-wide).
 
-At interpreter exit the builds still queued are cancelled and the one running is waited for: a daemon
+At interpreter exit the builds still queued are cancelled and the one running is waited for (at most
+``EXIT_WAIT_S``, then the exit goes on, with a warning): a daemon
 thread stopped inside a C++ kernel build aborts the process ("terminate called without an active
 exception"), which a torchrun rank exiting right after its last call did on a fresh kernel cache.
 """
@@ -31,6 +32,7 @@ _idle = threading.Condition(_lock)
 _queue: "queue.SimpleQueue | None" = None  # the build thread's; None until the first build
 _pending = 0  # builds submitted and not finished
 _exiting = False  # set at interpreter exit: builds not yet started are cancelled
+EXIT_WAIT_S = 300.0  # how long exit waits for the build that is running (a wait is never unbounded)
 
 
 def _after_fork_in_child() -> None:
@@ -90,7 +92,9 @@ def submit(build: Callable[[], object]) -> concurrent.futures.Future:
 def _finish_at_exit() -> None:
     global _exiting
     _exiting = True
-    wait_for_builds()
+    if not wait_for_builds(EXIT_WAIT_S):
+        log.warning("rewrite: a background build still runs %.0f s after exit began; exiting without it",
+                    EXIT_WAIT_S)
 
 
 def wait_for_builds(timeout: float | None = None) -> bool:
