@@ -214,6 +214,11 @@ class InferenceConfig(_Section):
     # provably keeps that dimension's rows independent ("pad"), pad or split into several gears' runs, whichever
     # the gears' measured latency says is cheaper ("fit": rewrite.gears.fit), or run the symbolic graph ("dynamic").
     gear_fallback = _Choice("error", ("error", "pad", "fit", "dynamic"))
+    # A request's padded tokens (the positions an attention mask zeroes at a row's end): computed, as eager does
+    # ("compute"), or skipped ("skip": each call's rows run in groups cut to their own length, where the padding proof
+    # shows the mask alone keeps those positions from every real one; outputs there hold 0; rewrite.gears.regroup).
+    # Needs gears and gear_fallback "pad" or "fit".
+    padded_tokens = _Choice("compute", ("compute", "skip"))
     # Gears for dims the user declared a range for (mark_dynamic(t, d, min=, max=), torch.compile(shapes_spec=...)):
     # these sizes, those inside each declared range (e.g. rewrite.gears.plan_gears(...).gears); [] = the default
     # ladder (the range's ends, its optimization_hint and powers of two between: rewrite.gears.declared). A dict gives

@@ -18,9 +18,12 @@ Here each of them is a line in the function's `Ledger`:
 ``aten_fallbacks``      ops of a planned graph that run ATen code where a static kernel was built for them
                         and could not be used
 ``refreezes``           graphs compiled again because weights frozen into them changed (`rewrite.frozen`)
+``tokens_computed``     ``padded_tokens="skip"`` was asked and refused: a request's padding is computed, and why
 ======================  =============================================================================
 
-``gears`` counts the calls each gear served. `rewrite.stats(compiled)` returns a snapshot (`Stats`);
+``gears`` counts the calls each gear served; ``regroups`` the calls whose rows ran in groups cut to their own
+length (``padded_tokens="skip"``, `rewrite.gears.regroup`), and ``skipped_tokens`` the positions they did not compute
+(batch x sequence elements). `rewrite.stats(compiled)` returns a snapshot (`Stats`);
 `rewrite.explain` prints the ledger. Counting costs one uncontended lock per slow event and per call of a
 gear, nothing else on the fast path.
 """
@@ -45,6 +48,7 @@ SLOW_PATHS = {
     "tier_up_pending": "a call ran the ATen code because the graph's tier-up build was not ready",
     "aten_fallbacks": "an op ran ATen code where a static kernel was expected",
     "refreezes": "frozen weights changed, and their graph was compiled again",
+    "tokens_computed": "padded tokens are computed (padded_tokens='skip' is not possible)",
 }
 MAX_EVENTS = 64  # explanations kept per function (the counts keep counting)
 
@@ -72,6 +76,9 @@ class Stats:
     tier_up_pending: int = 0
     aten_fallbacks: int = 0
     refreezes: int = 0
+    tokens_computed: int = 0
+    regroups: int = 0  # calls run as groups of rows cut to their own length (not a slow path)
+    skipped_tokens: int = 0  # the padded positions those calls did not compute
     gears: dict = dataclasses.field(default_factory=dict)  # gear key -> calls it served
     events: tuple = ()  # (kind, message) of the first slow paths, oldest first
 
@@ -82,6 +89,8 @@ class Stats:
     def __str__(self) -> str:
         counts = ", ".join(f"{k} {getattr(self, k)}" for k in SLOW_PATHS if getattr(self, k))
         lines = [f"slow paths: {counts or 'none'}" + (f" (padded rows {self.padded_rows})" if self.padded_rows else "")]
+        if self.regroups:
+            lines.append(f"regrouped calls: {self.regroups} ({self.skipped_tokens} padded tokens skipped)")
         if self.gears:
             lines.append("calls per gear: " + ", ".join(f"{k}: {v}" for k, v in self.gears.items()))
         said: dict = {}  # one line per distinct event, with how often it was kept
@@ -99,6 +108,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(SLOW_PATHS, 0)
         self._padded_rows = 0
+        self._regroups = [0, 0]  # calls, skipped tokens
         self._gears: dict = {}
         self._events: list = []
 
@@ -143,7 +153,13 @@ class Ledger:
         with self._lock:
             self._gears[gear] = self._gears.get(gear, 0) + 1
 
+    def regrouped(self, skipped_tokens: int) -> None:
+        """Count a call run as groups of rows cut to their own length, and the padded positions it skipped."""
+        with self._lock:
+            self._regroups[0] += 1
+            self._regroups[1] += skipped_tokens
+
     def stats(self) -> Stats:
         with self._lock:
-            return Stats(**self._counts, padded_rows=self._padded_rows, gears=dict(self._gears),
-                         events=tuple(self._events))
+            return Stats(**self._counts, padded_rows=self._padded_rows, regroups=self._regroups[0],
+                         skipped_tokens=self._regroups[1], gears=dict(self._gears), events=tuple(self._events))

@@ -433,3 +433,78 @@ def _layers(cache) -> list:
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     return [(k, v) for k, v in cache]
+
+
+# -- 6. padded_tokens="skip": rows run in groups cut to their own length -------------------------------------
+
+def _ragged(lengths: list, seed: int, left: bool = False) -> dict:
+    """A request whose rows have these own lengths, padded to the longest (right, or ``left``), ids 0 at the padding."""
+    from zoo.archs import tokens
+
+    n = max(lengths)
+    positions = torch.arange(n)[None, :]
+    own = torch.tensor(lengths)[:, None]
+    mask = (positions >= n - own if left else positions < own).long()
+    return {"input_ids": tokens(len(lengths), seed, seq=n) * mask, "attention_mask": mask}
+
+
+def _skip_compiled(model, strict: bool = False, fallback: str = "pad"):
+    served, backend = compile_with(model, strict=strict, **{"inference_config.dynamic_gears_merge_policy": "product",
+                                                            "inference_config.gear_fallback": fallback,
+                                                            "inference_config.padded_tokens": "skip"})
+    first = _ragged([12] * 4, 0)
+    for t in first.values():
+        rewrite.inference.set_dim_gears(t, {0: [1, 2, 4], 1: [6, 12]})
+    return served, backend, first
+
+
+@pytest.mark.parametrize("name", ["bert", "distilbert", "roberta", "gpt2", "llama"])
+def test_skipped_padding_keeps_every_real_token_and_zeroes_the_rest(name):
+    """padded_tokens="skip": a request of rows with lengths [12, 2, 2] runs as its two short rows cut to 2 (padded to
+    the gear (2, 6)) and its long row at 12, cheaper by the gears' predicted cost than the whole request at (3, 12);
+    [5, 1, 9] as (2, 5) and (1, 9). Every real token's output equals eager's; each padded position holds eager's
+    output where its group computed it and 0 where skipped; the ledger counts the calls and the positions skipped.
+    Left padding (the zoo's decoders' own) has nothing at a row's end to skip."""
+    model = BY_NAME[name].model()
+    served, _, first = _skip_compiled(model)
+    with torch.no_grad():
+        served(**first)
+        for request in (_ragged([12, 2, 2], 1), _ragged([5, 1, 9], 2)):
+            got, want = _main(served(**request)), _main(model(**request))
+            real = request["attention_mask"].bool()
+            assert got.shape == want.shape
+            torch.testing.assert_close(got[real], want[real], **TOL)
+            padded, eager_there = got[~real], want[~real]
+            skipped = (padded == 0).all(-1)
+            assert skipped.any(), name
+            torch.testing.assert_close(padded[~skipped], eager_there[~skipped], **TOL)
+        stats = rewrite.stats(served)
+        assert stats.regroups == 2 and stats.tokens_computed == 0, stats
+        # (3, 12) less (2 rows at 2, 1 at 12); (3, 9) less (2 rows at 5, 1 at 9)
+        assert stats.skipped_tokens == (36 - 2 * 2 - 12) + (27 - 2 * 5 - 9), stats
+        left = _ragged([12, 2, 2], 3, left=True)
+        got, want = _main(served(**left)), _main(model(**left))
+        torch.testing.assert_close(got, want, **TOL)  # nothing skipped: every position is eager's
+        assert rewrite.stats(served).regroups == 2
+
+
+def test_skipped_padding_on_a_model_without_a_mask_is_a_counted_refusal(bert):
+    """Without an attention mask no input says which positions are padding: the tokens are computed, and the
+    ledger says why (strict: the first call raises, naming the setting)."""
+    served, _, first = _skip_compiled(bert)
+    first = {"input_ids": first["input_ids"]}
+    check(served, bert, first)
+    stats = rewrite.stats(served)
+    assert stats.tokens_computed == 1 and stats.regroups == 0, stats
+    assert any("attention mask" in message for kind, message in stats.events if kind == "tokens_computed"), stats
+    strict, _, first = _skip_compiled(bert, strict=True)
+    with pytest.raises(rewrite.SlowPathError, match="padded_tokens='skip'"):
+        strict(input_ids=first["input_ids"])
+
+
+def test_skipped_padding_needs_a_fallback_that_serves_sizes_between_gears(bert):
+    """gear_fallback="error" serves only the gears themselves: the groups could not run, so nothing is skipped."""
+    served, _, first = _skip_compiled(bert, fallback="error")
+    check(served, bert, first)
+    stats = rewrite.stats(served)
+    assert stats.tokens_computed == 1 and any("gear_fallback='error'" in m for _, m in stats.events), stats

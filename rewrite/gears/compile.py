@@ -329,13 +329,14 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
     report.count("gear graphs", len(table))
 
     dynamic_fn = padder = refusal = None
+    skip_tokens = unit.config.inference_config.padded_tokens == "skip"
     if fallback == "dynamic":
         with report.stage("codegen"):
             dynamic_fn = build_static(graph)
     elif fallback in ("pad", "fit"):
         from .padding import plan_padding
 
-        padder, refusal = plan_padding(graph, symbols, list(table))
+        padder, refusal = plan_padding(graph, symbols, list(table), find_masks=skip_tokens)
         if refusal and gear_spec.declared:  # sizes between the gears of a declared range still run: dynamically
             log.info("gears: graph %d: sizes between the declared gears that cannot be padded run the dynamic graph: "
                      "%s", number, refusal)
@@ -343,6 +344,15 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
                 dynamic_fn = build_static(graph)
         elif refusal:
             log.warning("gears: graph %d cannot pad shapes outside the gears: %s", number, refusal)
+    regrouper = regroup_refusal = None
+    if skip_tokens:
+        from .regroup import plan_regroup
+
+        regrouper, regroup_refusal = plan_regroup(padder, symbols, list(table), fallback)
+        if regroup_refusal:
+            regroup_refusal = f"graph {number}: {regroup_refusal}"
+            log.warning("gears: padded_tokens='skip' is not possible, padded tokens are computed: %s", regroup_refusal)
     function = function_name(unit)
     register_symbolic(function, [s.label for s in symbols])
-    return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal, function=function, ledger=unit.ledger)
+    return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal, function=function, ledger=unit.ledger,
+                          regrouper=regrouper, regroup_refusal=regroup_refusal)

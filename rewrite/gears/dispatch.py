@@ -40,7 +40,9 @@ class GearSymbol:
 # The fix each slow path of a call no gear serves names (rewrite.ledger)
 _ADD_A_GEAR = "add a gear for this size (rewrite.gears.plan_gears picks gears from recorded traffic)"
 _FIXES = {"pads": _ADD_A_GEAR, "splits": _ADD_A_GEAR,
-          "dynamic_fallbacks": "add a gear for this size, or gear_fallback='pad' to run the nearest larger gear"}
+          "dynamic_fallbacks": "add a gear for this size, or gear_fallback='pad' to run the nearest larger gear",
+          "tokens_computed": "see the reason; padded_tokens='skip' needs gear_fallback 'pad' or 'fit' and an attention "
+                             "mask the padding proof relies on alone (rewrite.gears.regroup)"}
 
 
 class GearDispatcher:
@@ -48,7 +50,7 @@ class GearDispatcher:
 
     def __init__(self, symbols: list[GearSymbol], table: dict, fallback: str,
                  dynamic_fn: Callable | None = None, padder=None, pad_refusal: str | None = None,
-                 function: str = "", ledger=None):
+                 function: str = "", ledger=None, regrouper=None, regroup_refusal: str | None = None):
         self.symbols = symbols
         self.table = table  # key (tuple of ints) -> compiled static graph
         self.fallback = fallback
@@ -68,6 +70,11 @@ class GearDispatcher:
             self.latency = GearLatency()
             self._decided = (0, 0)  # (latency version, misses) when the cached decisions were made
         self.ledger = ledger  # rewrite.ledger.Ledger: calls per gear, and every call no gear serves
+        # padded_tokens="skip": each call's rows run in groups cut to their own length (gears.regroup), or why not
+        self.regrouper = regrouper
+        self.regroup_refusal = regroup_refusal
+        self._regroup_costs = (None, None)  # (version, each gear's predicted seconds) for the regrouping plans
+        self._regroup_calls = 0
         self._first_call = True
         # what `rewrite.gears.recording` counts each call's key under: the function and each symbol's dim
         self.streams = tuple(_recording.Stream(function, s.label) for s in symbols)
@@ -85,10 +92,20 @@ class GearDispatcher:
 
             size_oblivious.restore()
             self._first_call = False
+            if self.regroup_refusal and self.ledger is not None:
+                self.ledger.slow("tokens_computed", self.regroup_refusal, _FIXES["tokens_computed"])
         key = tuple(read(args) for read in self._readers)
         recs = _recording.active
         if recs is not None:
             _recording.note(recs, self.streams, key)
+        if self.regrouper is not None:
+            groups = self._groups(key, args)
+            if groups is not None:
+                return self.regrouper.serve(args, key, groups, self._run)
+        return self._run(key, args)
+
+    def _run(self, key: tuple, args):
+        """Serve a call of ``key``: its gear, or the fallback."""
         fn = self.table.get(key)
         if fn is None:
             return self._serve_miss(key, args)
@@ -97,6 +114,26 @@ class GearDispatcher:
         if self.latency is not None:
             return self.latency.timed(key, fn, args)
         return fn(*args)
+
+    def _groups(self, key: tuple, args) -> list | None:
+        """The groups of rows a call runs as (`rewrite.gears.regroup`), or None to run it as it is."""
+        from .fit import REDECIDE_EVERY, predicted_seconds
+
+        rg = self.regrouper
+        b, n = key[rg.batch[0]], key[rg.seq[0]]
+        lengths = rg.lengths(args, b, n)
+        if min(lengths) == n:
+            return None  # no row has padding at its end
+        self._regroup_calls += 1
+        version = (self.latency.version if self.latency is not None else 0, self._regroup_calls // REDECIDE_EVERY)
+        if self._regroup_costs[0] != version:
+            measured = self.latency.measured() if self.latency is not None else {}
+            self._regroup_costs = (version, predicted_seconds(list(self.table), measured, self._elements))
+        cost = rg.costs(key, self._regroup_costs[1], self.fallback == "fit", version)
+        groups = rg.plan(lengths, key, cost)
+        if groups is not None and self.ledger is not None:
+            self.ledger.regrouped(b * n - sum(len(rows) * length for rows, length in groups))
+        return groups
 
     def _serve_miss(self, key: tuple, args):
         """A call whose sizes are no gear: the fallback serves it, and the ledger counts it (strict: raises)."""

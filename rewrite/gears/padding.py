@@ -764,19 +764,21 @@ def row_states(graph: Graph, s) -> dict:
     return row_states_and_mixing(graph, s)[0]
 
 
-def row_states_and_mixing(graph: Graph, s) -> tuple[dict, list]:
-    """`row_states`, and where the rows are mixed with padded positions masked out (pads, but cannot split)."""
+def row_states_and_mixing(graph: Graph, s, unknown_pads: frozenset = frozenset()) -> tuple[dict, list]:
+    """`row_states`, and where the rows are mixed with padded positions masked out (pads, but cannot split).
+    ``unknown_pads``: input indices whose padded positions may hold any value (not zeros)."""
     env: dict = {}
     mixed: list = []
     tokens = _STATES.set(env), _MIXED.set(mixed)
     try:
-        return _row_states(graph, s, env), mixed
+        return _row_states(graph, s, env, unknown_pads), mixed
     finally:
         _STATES.reset(tokens[0])
         _MIXED.reset(tokens[1])
 
 
-def _row_states(graph: Graph, s, env: dict) -> dict:
+def _row_states(graph: Graph, s, env: dict, unknown_pads: frozenset = frozenset()) -> dict:
+    index = {n.id: i for i, n in enumerate(graph.placeholders)}
     for node in graph.nodes:
         if node.kind == "placeholder":
             if isinstance(node.meta, TensorMeta):
@@ -785,7 +787,8 @@ def _row_states(graph: Graph, s, env: dict) -> dict:
                 if len(dims) > 1 or (dims and shape[dims[0]] != s):
                     raise NotRowwise(f"input %{node.name} has shape {list(shape)}; padding {s} needs it in one dim as "
                                      f"exactly {s}")
-                env[node.id] = Row(dims[0], pad=0) if dims else INDEP  # padded with zeros (Padder)
+                pad = None if index[node.id] in unknown_pads else 0  # padded with zeros (Padder)
+                env[node.id] = Row(dims[0], pad=pad) if dims else INDEP
             elif isinstance(node.meta, SymMeta) and _has(node.meta.expr, s):
                 if sympy.sympify(node.meta.expr) != s:
                     raise NotRowwise(f"input %{node.name} is {node.meta.expr}; padding {s} needs it to be {s}")
@@ -832,6 +835,9 @@ class _SymbolPlan:
     scalars: list  # SymInt input indices to replace by the gear value
     split_refusal: str | None = None  # why the rows cannot run as separate parts (gear_fallback="fit"), or None
     assumes: tuple = ()  # groups of key positions the proof took as one size each: a call pads only if they are equal
+    # (input index, dim) of the one input whose zeros at padded positions the proof needs, whatever the others hold
+    # there (an attention mask): positions where it is zero at a row's end may be skipped (gears.regroup); () if none
+    masks: tuple = ()
 
 
 class Padder:
@@ -972,9 +978,10 @@ def _outputs(graph: Graph) -> list:
     return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
 
 
-def _prove(graph: Graph, s):
-    """(plan, each output's state) when ``graph`` keeps the rows of ``s`` independent; raises NotRowwise."""
-    env, mixed = row_states_and_mixing(graph, s)
+def _prove(graph: Graph, s, unknown_pads: frozenset = frozenset()):
+    """(plan, each output's state) when ``graph`` keeps the rows of ``s`` independent; raises NotRowwise.
+    ``unknown_pads``: input indices whose padded positions may hold anything (the proof must not need their zeros)."""
+    env, mixed = row_states_and_mixing(graph, s, unknown_pads)
     states = []
     outputs = _outputs(graph)
     if any(isinstance(env.get(out.id), Row) and env[out.id].index for out in outputs if isinstance(out, Node)):
@@ -992,8 +999,30 @@ def _prove(graph: Graph, s):
     return plan, states
 
 
-def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
+def _masking_input(graph: Graph, s, plan: _SymbolPlan) -> tuple:
+    """((input index, dim),) of the one input whose zeros at padded positions ``plan``'s proof needs, found by proving it
+    again with every other input's padded positions holding anything; () when no one input suffices, or when the proof
+    needs no input's zeros at all (``is_causal``: then no input says which positions are padding)."""
+    if plan.split_refusal is None:
+        return ()  # positions independent: nothing marks some of them as padding
+    carried = frozenset(i for i, _ in plan.inputs)
+    try:
+        _prove(graph, s, carried)
+        return ()
+    except NotRowwise:
+        pass
+    for i, d in plan.inputs:
+        try:
+            _prove(graph, s, carried - {i})
+        except NotRowwise:
+            continue
+        return ((i, d),)
+    return ()
+
+
+def plan_padding(graph: Graph, symbols: list, gears: list | None = None, find_masks: bool = False):
     """A Padder for the gear symbols that may be padded, and why the others may not (None if all may).
+    ``find_masks``: also find each plan's attention mask (`_SymbolPlan.masks`, for ``padded_tokens="skip"``).
 
     Each symbol is proven alone first. Symbols that are one gear axis (equal in every gear of ``gears``) and that
     fail alone are proven together: on the graph with every such axis as one symbol (`rename_symbols`); a plan
@@ -1009,10 +1038,13 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
     for pos, gs in enumerate(symbols):
         try:
             upper = max(g[pos] for g in gears) if gears else None
-            plan, states = _prove(_within_gears(graph, gs.symbol, upper), gs.symbol)
+            proven = _within_gears(graph, gs.symbol, upper)
+            plan, states = _prove(proven, gs.symbol)
         except NotRowwise as e:
             refusals[pos] = f"{gs.label} ({gs.symbol}): {e}"
             continue
+        if find_masks:
+            plan.masks = _masking_input(proven, gs.symbol, plan)
         plans[pos] = plan
         for j, st in enumerate(states):
             output_states[j][pos] = st
@@ -1024,11 +1056,14 @@ def plan_padding(graph: Graph, symbols: list, gears: list | None = None):
             continue
         s = symbols[group[0]].symbol
         try:
-            plan, states = _prove(_within_gears(merged, s, max(g[group[0]] for g in gears)), s)
+            proven = _within_gears(merged, s, max(g[group[0]] for g in gears))
+            plan, states = _prove(proven, s)
         except NotRowwise as e:
             refusals[group[0]] += f" (with the gear axes' symbols as one size each: {e})"
             continue
         plan.assumes = tied
+        if find_masks:
+            plan.masks = _masking_input(proven, s, plan)
         for p in group:
             plans[p] = plan
             refusals.pop(p, None)

@@ -1,0 +1,231 @@
+"""``inference_config.padded_tokens = "skip"``: a request's rows run in groups of similar own length, each group cut
+to its longest row, so the positions the attention mask marks as padding are not computed.
+
+A tokenizer pads a request of ``b`` sentences to its longest (``padding=True``). With lengths log-normal, the rows'
+own tokens are 0.41 (sentence embeddings) and 0.59 (a decoder's prefill) of the padded request's
+(benchmarks/token_padding.py). Gears pad further, to the next gear. Grouping the rows by their own length, each group
+run at the gear that fits its longest row, computes little more than the real tokens.
+
+When it is sound, proven on the graph (`rewrite.gears.padding`), never guessed:
+
+* the sequence axis pads: positions added at the end never reach a real position, and the proof needs only one
+  input's zeros there, whatever the others hold (`_SymbolPlan.masks`: the attention mask; a proof that needs no
+  input's zeros, as ``is_causal`` alone, names no mask and nothing is skipped);
+* the batch axis splits: rows are independent, so a subset of the rows runs alone with the same results.
+
+A row whose mask is zero from position ``l`` on is then, at its first ``l`` positions, what the model computes
+for it at sequence length ``l``: a group of rows cut to its longest own length gives each of them its real outputs.
+
+**What differs from eager**: outputs at the positions skipped (a row's trailing mask zeros) hold 0, where eager
+holds what the model computes for a padding token there. Every output at a real position, and every output
+without the sequence dim (a pooled embedding), is eager's. Hence opt-in.
+
+How groups are chosen: the rows sorted by own length, a dynamic programme cuts them into runs; a run of ``r``
+rows whose longest is ``l`` costs the predicted seconds of serving ``(r, l)`` with the gears (padded to the
+cheapest gear that holds it, or split along the batch under ``gear_fallback="fit"``), from the gears' measured
+latency (`rewrite.gears.fit`). A call whose best plan is itself, uncut, runs as it is.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+
+import sympy
+import torch
+
+from ..ir import SymMeta
+from .fit import plan_fit
+from .padding import INDEP, Row, tied_positions
+
+__all__ = ["Regrouper", "plan_regroup", "group_shapes", "CALL_TOKENS"]
+
+CALL_TOKENS = 256  # a call's fixed cost (dispatch, gather and scatter), in tokens' work: MiniLM-sized on a CPU
+
+
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    """Where one output keeps the batch rows and the sequence (None: not along it), or its value from the sizes."""
+
+    batch_dim: int | None = None
+    seq_dim: int | None = None
+    size: object = None  # a SymMeta output: its expression in the gear symbols
+
+
+def plan_regroup(padder, symbols: list, gears: list, fallback: str):
+    """A `Regrouper` for a geared graph, or (None, why not)."""
+    if fallback not in ("pad", "fit"):
+        return None, f"the groups run at sizes between gears, which gear_fallback={fallback!r} does not serve " \
+                     "(use 'pad' or 'fit')"
+    if padder is None:
+        return None, "no gear axis may be padded"
+    axes = tied_positions(gears, len(symbols))
+    seqs = [a for a in axes if all(padder.can_pad(p) and padder.plans[p].masks for p in a)]
+    if not seqs:
+        return None, "no gear axis is proven paddable by an attention mask's zeros alone"
+    seq = seqs[0]
+    masks = sorted({m for p in seq for m in padder.plans[p].masks})
+    batches = [a for a in axes if a is not seq and all(padder.can_split(p) for p in a)
+               and {i for i, _ in masks} <= {i for p in a for i, _ in padder.plans[p].inputs}]
+    if not batches:
+        return None, "no gear axis keeps the attention mask's rows independent (the batch must split)"
+    batch = batches[0]
+    outputs = []
+    for j, (states, meta) in enumerate(zip(padder.output_states, padder.output_metas)):
+        if isinstance(meta, SymMeta):
+            outputs.append(_Output(size=meta))
+            continue
+        where = []
+        for axis in (batch, seq):
+            found = {states.get(p, INDEP) for p in axis}
+            plain = {st for st in found if isinstance(st, Row) and st.k == 1 and st.outer == 1}
+            if found == {INDEP}:
+                where.append(None)
+            elif len(found) == 1 and plain:
+                where.append(next(iter(plain)).dim)
+            else:
+                return None, f"output {j} keeps a gear axis's rows in a way the groups cannot be joined ({found})"
+        if where[0] is None and where[1] is not None:
+            return None, f"output {j} has the sequence but not the batch"
+        outputs.append(_Output(*where))
+    return Regrouper(padder, symbols, batch, seq, masks, outputs), None
+
+
+class Regrouper:
+    """Serves a call as groups of rows cut to their own length (see the module's docstring)."""
+
+    def __init__(self, padder, symbols: list, batch: list, seq: list, masks: list, outputs: list):
+        self.symbols = symbols
+        self.batch, self.seq = batch, seq  # key positions of the two axes
+        self.masks = masks  # (input index, sequence dim): the attention mask(s)
+        self.batch_inputs = sorted({x for p in batch for x in padder.plans[p].inputs})
+        self.seq_inputs = sorted({x for p in seq for x in padder.plans[p].inputs})
+        self.batch_scalars = sorted({i for p in batch for i in padder.plans[p].scalars})
+        self.seq_scalars = sorted({i for p in seq for i in padder.plans[p].scalars})
+        self.outputs = outputs
+        self.mask_batch_dim = {i: d for i, d in self.batch_inputs}
+        self._costs: dict = {}  # (rows, sequence gear, other key values) -> predicted seconds
+        self._costs_made_with = None
+
+    def lengths(self, args, b: int, n: int) -> list[int]:
+        """Each row's own length: one past its last position where a mask is non-zero (at least 1)."""
+        own = None
+        for i, d in self.masks:
+            x = args[i].movedim((self.mask_batch_dim[i], d), (0, 1)).reshape(b, n, -1).ne(0).any(-1)
+            last = (x * torch.arange(1, n + 1, device=x.device)).amax(1)
+            own = last if own is None else torch.maximum(own, last)
+        return own.clamp(min=1).tolist()
+
+    def plan(self, lengths: list[int], key: tuple, cost) -> list | None:
+        """Groups as (row indices, length), or None when the call is best run as it is. ``cost(rows, length)``:
+        predicted seconds of serving that size."""
+        n = key[self.seq[0]]
+        groups, seconds = _cheapest_groups(lengths, cost)
+        if len(groups) == 1 and groups[0][1] == n:
+            return None  # one group of every row at the call's own length: nothing skipped
+        if seconds >= cost(len(lengths), n):
+            return None
+        return groups
+
+    def serve(self, args, key: tuple, groups: list, run):
+        """Run ``groups`` (from `plan`) with ``run(key, args)``, each output's rows joined in one buffer."""
+        b, n = key[self.batch[0]], key[self.seq[0]]
+        outs = None
+        for rows, length in groups:
+            idx = torch.tensor(rows, device=args[self.masks[0][0]].device)
+            part = list(args)
+            for i, d in self.batch_inputs:
+                part[i] = part[i].index_select(d, idx)
+            for i, d in self.seq_inputs:
+                # contiguous, as a padded input (torch.cat) is: a gear's code may view its input as it was traced
+                part[i] = part[i].narrow(d, 0, length).contiguous()
+            for i in self.batch_scalars:
+                part[i] = len(rows)
+            for i in self.seq_scalars:
+                part[i] = length
+            part_key = tuple(len(rows) if p in self.batch else length if p in self.seq else v
+                             for p, v in enumerate(key))
+            got = run(part_key, part)
+            if outs is None:
+                outs = [self._buffer(o, x, b, n) for o, x in zip(self.outputs, got)]
+            for o, buf, x in zip(self.outputs, outs, got):
+                if o.batch_dim is not None:
+                    (buf.narrow(o.seq_dim, 0, length) if o.seq_dim is not None else buf).index_copy_(o.batch_dim, idx, x)
+        real = {s.symbol: v for s, v in zip(self.symbols, key)}
+        for j, o in enumerate(self.outputs):
+            if o.size is not None:
+                outs[j] = o.size.pytype(sympy.sympify(o.size.expr).subs(real))
+        return tuple(outs)
+
+    @staticmethod
+    def _buffer(o: _Output, x, b: int, n: int):
+        """The whole call's buffer for an output (zeros where positions are skipped); the first group's value
+        for one that holds neither axis."""
+        if o.batch_dim is None:
+            return x
+        shape = list(x.shape)
+        shape[o.batch_dim] = b
+        if o.seq_dim is not None:
+            shape[o.seq_dim] = n
+        return x.new_zeros(shape)
+
+    def costs(self, key: tuple, seconds: dict, fit: bool, version) -> callable:
+        """``cost(rows, length)`` for calls like ``key`` (its other sizes), from each gear's predicted ``seconds``:
+        the cheapest gear holding it padded (or, with ``fit``, split along the batch); cached per sequence gear until
+        ``version`` (the measurements) changes."""
+        if self._costs_made_with != version:
+            self._costs, self._costs_made_with = {}, version
+        rest = tuple(v for p, v in enumerate(key) if p not in self.batch and p not in self.seq)
+        at = {}  # sequence gear -> {batch gear: seconds}, the gears that hold the call's other sizes
+        for g, t in seconds.items():
+            if tuple(v for p, v in enumerate(g) if p not in self.batch and p not in self.seq) == rest:
+                at.setdefault(g[self.seq[0]], {})[g[self.batch[0]]] = t
+        lengths = sorted(at)
+        memo = self._costs
+
+        def cost(rows: int, length: int) -> float:
+            k = bisect.bisect_left(lengths, length)
+            if k == len(lengths):
+                return math.inf
+            ck = (rows, lengths[k], rest)
+            if ck not in memo:
+                memo[ck] = min(_rows_cost(rows, at[s], fit) for s in lengths[k:])
+            return memo[ck]
+        return cost
+
+
+def _cheapest_groups(lengths: list[int], cost) -> tuple[list, float]:
+    """The rows cut into groups of consecutive own lengths with the least total ``cost(rows, longest)``: a dynamic
+    programme over the rows sorted by length. ([(row indices, longest own length)], its cost)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    ls = [lengths[i] for i in order]
+    best = [(0.0, 0)] + [None] * len(ls)  # rows done -> (cost, where the last group starts)
+    for j in range(1, len(ls) + 1):
+        best[j] = min((best[i][0] + cost(j - i, ls[j - 1]), i) for i in range(j))
+    cuts, j = [], len(ls)
+    while j:
+        cuts.append((best[j][1], j))
+        j = best[j][1]
+    return [(order[i:j], ls[j - 1]) for i, j in reversed(cuts)], best[-1][0]
+
+
+def group_shapes(requests, call_tokens: int = CALL_TOKENS) -> list[tuple[int, int]]:
+    """The (rows, length) calls that requests run as under ``padded_tokens="skip"``, before any gear rounds them: each
+    request (the list of its rows' own lengths) cut into the groups that cost least when a call costs its rows x
+    length plus ``call_tokens``. Plan gears on these (`plan_gear_pairs`) rather than on the padded requests' shapes."""
+    shapes = []
+    for lengths in requests:
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"a request is a non-empty list of its rows' own lengths (each >= 1), got {lengths!r}")
+        groups, _ = _cheapest_groups(list(lengths), lambda rows, length: rows * length + call_tokens)
+        shapes += [(len(rows), length) for rows, length in groups]
+    return shapes
+
+
+def _rows_cost(rows: int, sizes: dict, fit: bool) -> float:
+    """Seconds to serve ``rows`` with gears of these batch ``sizes``: the smallest that holds them, or split."""
+    if fit:
+        plan = plan_fit(rows, list(sizes), sizes)
+        return plan.seconds if plan is not None else math.inf
+    fits = [t for g, t in sizes.items() if g >= rows]
+    return min(fits) if fits else math.inf
