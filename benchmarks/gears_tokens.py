@@ -256,7 +256,7 @@ def serve(spec: dict) -> None:
 def run_trace(trace: str, n: int, contenders: list, threads, quick: bool) -> tuple[dict, dict]:
     """Plan on the first half of ``trace``'s requests and serve the second in a process of its own."""
     from rewrite.gears import plan_gear_axes, plan_gear_pairs
-    from rewrite.gears.regroup import group_shapes
+    from rewrite.gears import group_shapes
 
     requests = token_trace(trace, n)
     recorded, second = requests[: n // 2], requests[n // 2:]
@@ -301,7 +301,7 @@ def report(results: dict, contenders: list) -> str:
                      f"pairs {list(zip(g['batch'], g['sequence']))} (\"zip\"). A grid of as many gears "
                      f"(`plan_gear_axes`) would pad {info['grid'].expected_waste:.1%} of the predicted work. "
                      f"rewrite gears skip (`padded_tokens=\"skip\"`): planned on the recorded requests' row groups "
-                     f"(`rewrite.gears.regroup.group_shapes`): {info['skip_plan']}; served with the pairs "
+                     f"(`rewrite.gears.group_shapes`): {info['skip_plan']}; served with the pairs "
                      f"{list(zip(g['skip']['batch'], g['skip']['sequence']))}")
         headers = ["contender", "req/s", "tokens/s", "p50 ms", "p99 ms", "padded", "skipped", "splits", "compile s",
                    "peak RSS MB", "Dynamo graphs"]

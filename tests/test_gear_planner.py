@@ -431,3 +431,35 @@ def test_gear_pairs_serve_an_encoder_under_zip_equal_to_eager():
     stats = rewrite.stats(served)
     assert {key[:2] for key in stats.gears} == {(4, 16), (1, 8)}, stats  # the calls at a pair ran its graph
     assert stats.pads == 2, stats  # (2, 10) to (2, 12), (3, 16) to (4, 16)
+
+
+def test_group_shapes_cut_each_request_where_its_rows_lengths_part():
+    """padded_tokens="skip" runs a request's rows in groups cut to their own length: group_shapes gives those calls'
+    (rows, length) to plan gears on. Eight rows of 2 tokens and one of 100 are two calls (8 x 2 and 1 x 100 cost
+    16 + 100 tokens and two calls' fixed cost, against 900 and one); rows of near lengths stay one call."""
+    from rewrite.gears import group_shapes
+
+    assert group_shapes([[100] + [2] * 8]) == [(8, 2), (1, 100)]
+    assert group_shapes([[30, 31, 29], [7]]) == [(3, 31), (1, 7)]
+    assert group_shapes([[100] + [2] * 8], call_tokens=10_000) == [(9, 100)]  # calls dear: nothing is cut
+
+
+@given(st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=24), min_size=1, max_size=6))
+@settings(max_examples=50, deadline=None)
+def test_group_shapes_hold_every_row_at_its_own_length_or_more(requests):
+    from rewrite.gears import group_shapes
+
+    shapes = group_shapes(requests)
+    assert sum(rows for rows, _ in shapes) == sum(len(r) for r in requests)
+    assert all(length in {x for r in requests for x in r} for _, length in shapes)  # a group is cut to a row's length
+    cost = sum(rows * length + 256 for rows, length in shapes)
+    assert cost <= sum(len(r) * max(r) + 256 for r in requests)  # never dearer than the requests as they are
+
+
+def test_group_shapes_refuse_what_is_not_a_request_of_lengths():
+    from rewrite.gears import group_shapes
+
+    with pytest.raises(ValueError, match="own lengths"):
+        group_shapes([[3, 0]])
+    with pytest.raises(ValueError, match="own lengths"):
+        group_shapes([[]])

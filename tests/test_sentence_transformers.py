@@ -66,3 +66,28 @@ def test_stats_from_the_objects_the_library_holds():
     assert rewrite.stats(model).slow_paths == 0
     with pytest.raises(TypeError, match="nothing in it was compiled"):
         rewrite.stats(_load())
+
+
+@pytest.mark.slow
+def test_encode_with_gears_and_skipped_padding_matches_the_uncompiled_model():
+    """encode() through gears over batch x sequence with padded_tokens="skip": each batch's sentences run in groups
+    cut to their own length; the mean pooling reads only real tokens, so the embeddings are the uncompiled model's."""
+    from rewrite.inference import set_dim_gears
+
+    model = _load().eval()
+    sentences = corpus()
+    want = model.encode(sentences, batch_size=8, convert_to_tensor=True)
+    config = rewrite.CompilerConfig(**{"inference_config.dynamic_gears_merge_policy": "product",
+                                       "inference_config.gear_fallback": "fit",
+                                       "inference_config.padded_tokens": "skip"})
+    model.compile(backend=rewrite.get_backend(config))
+    with torch.inference_mode():  # as encode() runs
+        features = model.preprocess(sentences[:8])
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            set_dim_gears(features[name], {0: [2, 8], 1: [16, 32, 96]})
+        model(features)  # the first call carries the gears
+    got = model.encode(sentences, batch_size=8, convert_to_tensor=True)
+    cosine = torch.nn.functional.cosine_similarity(got, want, dim=1)
+    assert cosine.min().item() >= 0.9999, cosine
+    stats = rewrite.stats(model)
+    assert stats.regroups >= 1 and stats.skipped_tokens > 0 and stats.tokens_computed == 0, stats
