@@ -35,7 +35,6 @@ report), which ``make check-backends`` runs.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import os
@@ -52,8 +51,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from ..ir import Graph, TensorMeta
-from .equivalence import compare_tensors, tolerance as dtype_tolerance
-from .strategies import tensors
+from .equivalence import compare_tensors, tolerance as dtype_tolerance, tolerance_option
+from .strategies import shrinking_limited_to, tensors
 from .targets import Target, target_for
 from .variants import Variant, equivalent_variants
 
@@ -380,18 +379,6 @@ def _difference(want, got, exact: bool, tol, names, reference: _Reference | None
     return None, None
 
 
-def _tolerance_option(value):
-    """(exact, (rtol, atol) or None) from the ``tolerance`` argument."""
-    if value is None:
-        return True, None
-    if value == "dtype":
-        return False, None
-    try:
-        rtol, atol = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"tolerance={value!r}: use 'dtype' (per-dtype defaults, {dtype_tolerance(torch.float32)} "
-                         "for float32), None (bit for bit) or a pair (rtol, atol)") from None
-    return False, (rtol, atol)
 
 
 # ================================================================================================
@@ -474,16 +461,6 @@ class BackendCheckReport:
 # The checker
 # ================================================================================================
 
-@contextlib.contextmanager
-def _shrinking_limited_to(seconds: float):
-    from hypothesis.internal.conjecture import engine
-
-    saved = engine.MAX_SHRINKING_SECONDS
-    engine.MAX_SHRINKING_SECONDS = seconds
-    try:
-        yield
-    finally:
-        engine.MAX_SHRINKING_SECONDS = saved
 
 
 def _run_hypothesis(check, examples: int, seed, shrink: bool, shrink_seconds: float) -> None:
@@ -493,7 +470,7 @@ def _run_hypothesis(check, examples: int, seed, shrink: bool, shrink_seconds: fl
                     print_blob=False)(given(st.data())(check))
     if seed is not None:
         test = hypothesis_seed(seed)(test)
-    with _shrinking_limited_to(shrink_seconds):
+    with shrinking_limited_to(shrink_seconds):
         test()
 
 
@@ -819,7 +796,7 @@ def _targets(backend) -> list[Target]:
 def _options(examples, tolerance, specials, seed, shrink, shrink_seconds, repro_dir, rules) -> _Options:
     if examples < 1:
         raise ValueError(f"examples={examples} must be at least 1")
-    exact, tol = _tolerance_option(tolerance)
+    exact, tol = tolerance_option(tolerance)
     return _Options(examples, exact, tol, specials, seed, shrink, shrink_seconds, repro_dir, rules)
 
 

@@ -183,3 +183,18 @@ def assert_equivalent(graph_before: Graph, graph_after: Graph, inputs=None, *, e
             fail(why, ins)
 
     run()
+
+
+def tolerance_option(value) -> tuple:
+    """(exact, (rtol, atol) or None) from a checker's ``tolerance`` argument: None (bit for bit), "dtype" (the
+    per-dtype defaults of `tolerance`) or a pair (rtol, atol)."""
+    if value is None:
+        return True, None
+    if value == "dtype":
+        return False, None
+    try:
+        rtol, atol = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"tolerance={value!r}: use None (bit for bit), 'dtype' (per-dtype defaults, "
+                         f"{tolerance(torch.float32)} for float32) or a pair (rtol, atol)") from None
+    return False, (rtol, atol)

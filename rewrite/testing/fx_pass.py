@@ -52,7 +52,8 @@ from hypothesis import strategies as st
 from ..ops import dtype_str
 from ..user_passes import apply_fx_pass, takes_graph
 from .dynamic import SizeConstraints
-from .equivalence import compare_tensors, describe_inputs, storage_address, tolerance
+from .equivalence import compare_tensors, describe_inputs, storage_address, tolerance, tolerance_option
+from .strategies import shrinking_limited_to
 from .fx_graphs import (
     GRAPH_DTYPES, SIZES_PER_GRAPH, FxCase, case_inputs, case_sizes, decomposition_table, fx_cases, select_ops,
 )
@@ -262,33 +263,8 @@ def _failure(name: str, why: str, case: FxCase, before: torch.fx.GraphModule, af
 # The checker
 # ================================================================================================
 
-@contextlib.contextmanager
-def _shrinking_limited_to(seconds: float):
-    """Hypothesis's shrink time limit (five minutes; documented as monkeypatchable), for this check only.
-
-    Each shrink step draws and traces a graph (~40 ms), and most of the reduction comes early."""
-    from hypothesis.internal.conjecture import engine
-
-    saved = engine.MAX_SHRINKING_SECONDS
-    engine.MAX_SHRINKING_SECONDS = seconds
-    try:
-        yield
-    finally:
-        engine.MAX_SHRINKING_SECONDS = saved
 
 
-def _tolerance_option(value):
-    """(exact, (rtol, atol) or None) from check_fx_pass's ``tolerance`` argument."""
-    if value is None:
-        return True, None
-    if value == "dtype":
-        return False, None
-    try:
-        rtol, atol = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"tolerance={value!r}: use None (bit for bit), 'dtype' (per-dtype defaults "
-                         f"{tolerance(torch.float32)} for float32...) or a pair (rtol, atol)") from None
-    return False, (rtol, atol)
 
 
 def _probe(pass_fn, takes: str, cases: Callable, ops: Sequence[str], dynamic: bool) -> tuple[str, ...]:
@@ -358,7 +334,7 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
     passes with a note saying the check says little (identity and clean-up passes are legitimate).
     Returns a `PassCheckReport` when every graph agreed.
     """
-    exact, tol = _tolerance_option(tolerance)
+    exact, tol = tolerance_option(tolerance)
     if takes is None:
         takes = "graph" if takes_graph(pass_fn) else "module"
     if takes not in ("module", "graph"):
@@ -432,7 +408,7 @@ def check_fx_pass(pass_fn: Callable, *, examples: int = 200, dynamic: bool = Fal
                         report_multiple_bugs=False, print_blob=False)(given(st.data())(check))
         if fixed is not None:
             test = hypothesis_seed(fixed)(test)
-        with _shrinking_limited_to(shrink_seconds):
+        with shrinking_limited_to(shrink_seconds):
             test()
 
     # Each op the pass changes, alone, in every dtype: a pass wrong for one dtype (bool ** 2 is

@@ -12,6 +12,7 @@ whether a dtype is in a group, uses those.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -477,3 +478,18 @@ def graphs(draw, max_inputs: int = 3, max_ops: int = 8, dtypes: Sequence[torch.d
     g.set_output(tuple(outs))
     g.validate()
     return g
+
+
+@contextlib.contextmanager
+def shrinking_limited_to(seconds: float):
+    """Hypothesis's shrink time limit (five minutes; documented as monkeypatchable), for one check only.
+
+    Each shrink step draws and traces a graph (~40 ms), and most of the reduction comes early."""
+    from hypothesis.internal.conjecture import engine
+
+    saved = engine.MAX_SHRINKING_SECONDS
+    engine.MAX_SHRINKING_SECONDS = seconds
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = saved
