@@ -121,7 +121,9 @@ SCHEDULE = Schedule(
         Run(algebra.NEGATION, _DEFAULT_ITERATIONS),
         Run(algebra.IDEMPOTENCE, _DEFAULT_ITERATIONS),
         Run(algebra.COMMUTATIVITY, 1),  # once: it only doubles add/mul e-nodes
-        Run(gemm.MERGE_PARALLEL, 1),  # once: a multi-pattern rule (bounded, see DESIGN)
+        # once: a multi-pattern rule whose members are original nodes in graph order, so each set of sibling GEMMs
+        # matches once and merged GEMMs never merge again
+        Run(gemm.MERGE_PARALLEL, 1),
         Run(gemm.FOLD_SCALES, 4),  # moving scales into weights: a chain of views is at most that deep in the zoo
         Run(gemm.FOLD_BATCH_NORMS, _DEFAULT_ITERATIONS),
         Run(fused.GELU, _DEFAULT_ITERATIONS),

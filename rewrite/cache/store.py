@@ -49,7 +49,7 @@ from ..persist.checks import MAX_JSON_BYTES, at, expect_object, expect_str, read
 from ..persist.document import parse_json
 from ..persist.errors import ExportError
 from ..persist.folders import FolderRefused, check_private_folder, confined_folder, private_folder
-from .key import diff, key_hash
+from .key import diff
 
 log = logging.getLogger("rewrite")
 
@@ -454,10 +454,6 @@ def _signature(rel: str, fields: dict, files: list[tuple[str, bytes]]) -> bytes:
     record = {"format": SIGNATURE_FORMAT, "version": SIGNATURE_VERSION, "rel": _posix(rel), "fields": fields,
               "files": digests, "hmac": mac}
     return json.dumps(record, indent=1, sort_keys=True).encode("utf-8")
-
-
-def entry_name(fields: dict) -> str:
-    return key_hash(fields)
 
 
 def _size(folder: str) -> int:

@@ -147,10 +147,6 @@ class Snapshot:
         """The text of a primitive child (op names, stream tags, numbers); None for an e-class."""
         return child if isinstance(child, str) else None
 
-    @staticmethod
-    def is_primitive(child) -> bool:
-        return isinstance(child, str)
-
     def meta_key(self, cls: int) -> str | None:
         key = self._meta_keys.get(cls, False)
         if key is False:

@@ -87,10 +87,6 @@ TERM_CONSTRUCTORS = frozenset({"Nil", "Cons", "Input", "Const", "Int", "Flt", "A
 MAX_CALL_ARITY = 12
 
 
-def call_constructor(arity: int) -> str:
-    return f"Call{arity}" if arity <= MAX_CALL_ARITY else "CallN"
-
-
 CALL_CONSTRUCTORS = frozenset([f"Call{k}" for k in range(MAX_CALL_ARITY + 1)] + ["CallN"])
 
 

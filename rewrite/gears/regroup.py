@@ -150,7 +150,8 @@ class Regrouper:
                 outs = [self._buffer(o, x, b, n) for o, x in zip(self.outputs, got)]
             for o, buf, x in zip(self.outputs, outs, got):
                 if o.batch_dim is not None:
-                    (buf.narrow(o.seq_dim, 0, length) if o.seq_dim is not None else buf).index_copy_(o.batch_dim, idx, x)
+                    rows_of = buf.narrow(o.seq_dim, 0, length) if o.seq_dim is not None else buf
+                    rows_of.index_copy_(o.batch_dim, idx, x)
         real = {s.symbol: v for s, v in zip(self.symbols, key)}
         for j, o in enumerate(self.outputs):
             if o.size is not None:
