@@ -13,8 +13,9 @@ __all__ = ["explain", "stats"]
 
 def stats(compiled) -> Stats:
     """The slow-path counts of what ``torch.compile(..., backend=<rewrite's>)`` returned (`rewrite.ledger`):
-    ``.pads``, ``.padded_rows``, ``.dynamic_fallbacks``, ``.recompiles``, ``.uncaptured``, ``.tier_up_refused``,
-    ``.tier_up_pending``, ``.aten_fallbacks``, and ``.gears`` (calls per gear). Also takes the backend itself,
+    ``.pads``, ``.padded_rows``, ``.splits``, ``.dynamic_fallbacks``, ``.recompiles``, ``.uncaptured``,
+    ``.tier_up_refused``, ``.tier_up_pending``, ``.aten_fallbacks``, ``.refreezes``, ``.tokens_computed``, and
+    ``.gears`` (calls per gear); not slow paths, ``.regroups`` and ``.skipped_tokens`` (``padded_tokens="skip"``). Also takes the backend itself,
     a module compiled in place (``module.compile(backend=...)``, torch's `nn.Module.compile`), and a module that
     holds exactly one compiled module (a model whose submodule was compiled in place or replaced by what
     torch.compile returned). A SentenceTransformer compiled with its ``.compile(backend=...)`` is the first case.
