@@ -73,7 +73,6 @@ class GearDispatcher:
         # padded_tokens="skip": each call's rows run in groups cut to their own length (gears.regroup), or why not
         self.regrouper = regrouper
         self.regroup_refusal = regroup_refusal
-        self._regroup_costs = (None, None)  # (version, each gear's predicted seconds) for the regrouping plans
         self._regroup_calls = 0
         self._first_call = True
         # what `rewrite.gears.recording` counts each call's key under: the function and each symbol's dim
@@ -126,10 +125,11 @@ class GearDispatcher:
             return None  # no row has padding at its end
         self._regroup_calls += 1
         version = (self.latency.version if self.latency is not None else 0, self._regroup_calls // REDECIDE_EVERY)
-        if self._regroup_costs[0] != version:
+
+        def seconds() -> dict:
             measured = self.latency.measured() if self.latency is not None else {}
-            self._regroup_costs = (version, predicted_seconds(list(self.table), measured, self._elements))
-        cost = rg.costs(key, self._regroup_costs[1], self.fallback == "fit", version)
+            return predicted_seconds(list(self.table), measured, self._elements)
+        cost = rg.costs(key, version, seconds, self.fallback == "fit")
         groups = rg.plan(lengths, key, cost)
         if groups is not None and self.ledger is not None:
             self.ledger.regrouped(b * n - sum(len(rows) * length for rows, length in groups))

@@ -19,11 +19,10 @@ import dataclasses
 import threading
 import time
 
-import sympy
 import torch
 
 from ..ir import SymMeta
-from .padding import Row
+from .padding import Row, size_output
 
 __all__ = ["GearLatency", "FitPlan", "plan_fit", "predicted_seconds", "Splitter", "REDECIDE_EVERY"]
 
@@ -135,7 +134,7 @@ class Splitter:
         self.fixed = {}
         for j, (states, meta) in enumerate(zip(padder.output_states, padder.output_metas)):
             if isinstance(meta, SymMeta):
-                self.fixed[j] = meta.pytype(sympy.sympify(meta.expr).subs(real))
+                self.fixed[j] = size_output(meta, real)
             elif isinstance(states.get(pos), Row):
                 self.joins.append((j, states[pos].dim))
         self.runs = []  # (offset, rows, callable)

@@ -46,7 +46,8 @@ from ..ir import Graph, Node, SymMeta, TensorMeta, iter_instances, iter_metas, m
 
 aten = torch.ops.aten
 
-__all__ = ["plan_padding", "row_states", "row_states_and_mixing", "tied_positions", "NotRowwise", "Row", "INDEP", "SYM", "Padder"]
+__all__ = ["plan_padding", "row_states", "row_states_and_mixing", "tied_positions", "size_output", "NotRowwise", "Row",
+           "INDEP", "SYM", "Padder"]
 
 
 class _Marker:
@@ -883,8 +884,7 @@ class Padder:
         slices, fixed = {}, {}
         for j, (states, meta) in enumerate(zip(self.output_states, self.output_metas)):
             if isinstance(meta, SymMeta):
-                fixed[j] = int(sympy.sympify(meta.expr).subs(real)) if meta.pytype is int else meta.pytype(
-                    sympy.sympify(meta.expr).subs(real))
+                fixed[j] = size_output(meta, real)
                 continue
             for pos, st in states.items():
                 if isinstance(st, Row) and key[pos] != target[pos]:
@@ -915,6 +915,12 @@ class Padder:
                 outs[j] = v
             return tuple(outs)
         return run_padded
+
+
+def size_output(meta: SymMeta, sizes: dict):
+    """The value of an output that is a size expression (``meta``), at the real ``sizes`` ({symbol: value}): a padded,
+    split or regrouped call returns the call's own sizes, not the gear's."""
+    return meta.pytype(sympy.sympify(meta.expr).subs(sizes))
 
 
 def tied_positions(gears: list, n: int) -> list[list[int]]:

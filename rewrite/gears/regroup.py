@@ -31,12 +31,11 @@ import bisect
 import dataclasses
 import math
 
-import sympy
 import torch
 
 from ..ir import SymMeta
 from .fit import plan_fit
-from .padding import INDEP, Row, tied_positions
+from .padding import INDEP, Row, size_output, tied_positions
 
 __all__ = ["Regrouper", "plan_regroup", "group_shapes", "CALL_TOKENS"]
 
@@ -103,15 +102,17 @@ class Regrouper:
         self.batch_scalars = sorted({i for p in batch for i in padder.plans[p].scalars})
         self.seq_scalars = sorted({i for p in seq for i in padder.plans[p].scalars})
         self.outputs = outputs
-        self.mask_batch_dim = {i: d for i, d in self.batch_inputs}
-        self._costs: dict = {}  # (rows, sequence gear, other key values) -> predicted seconds
-        self._costs_made_with = None
+        self.batch_dim_of = {i: d for i, d in self.batch_inputs}
+        # (version of the measurements, each gear's predicted seconds, {other key values: (sequence gears, {sequence
+        # gear: {batch gear: seconds}})}, {(rows, sequence gear, other key values): predicted seconds}); one tuple, so a
+        # thread reads one consistent cache
+        self._cache = (None, {}, {}, {})
 
     def lengths(self, args, b: int, n: int) -> list[int]:
         """Each row's own length: one past its last position where a mask is non-zero (at least 1)."""
         own = None
         for i, d in self.masks:
-            x = args[i].movedim((self.mask_batch_dim[i], d), (0, 1)).reshape(b, n, -1).ne(0).any(-1)
+            x = args[i].movedim((self.batch_dim_of[i], d), (0, 1)).reshape(b, n, -1).ne(0).any(-1)
             last = (x * torch.arange(1, n + 1, device=x.device)).amax(1)
             own = last if own is None else torch.maximum(own, last)
         return own.clamp(min=1).tolist()
@@ -119,13 +120,9 @@ class Regrouper:
     def plan(self, lengths: list[int], key: tuple, cost) -> list | None:
         """Groups as (row indices, length), or None when the call is best run as it is. ``cost(rows, length)``:
         predicted seconds of serving that size."""
-        n = key[self.seq[0]]
         groups, seconds = _cheapest_groups(lengths, cost)
-        if len(groups) == 1 and groups[0][1] == n:
-            return None  # one group of every row at the call's own length: nothing skipped
-        if seconds >= cost(len(lengths), n):
-            return None
-        return groups
+        # no cheaper than the call as it is (one group of every row at the call's own length costs exactly that)
+        return None if seconds >= cost(len(lengths), key[self.seq[0]]) else groups
 
     def serve(self, args, key: tuple, groups: list, run):
         """Run ``groups`` (from `plan`) with ``run(key, args)``, each output's rows joined in one buffer."""
@@ -155,7 +152,7 @@ class Regrouper:
         real = {s.symbol: v for s, v in zip(self.symbols, key)}
         for j, o in enumerate(self.outputs):
             if o.size is not None:
-                outs[j] = o.size.pytype(sympy.sympify(o.size.expr).subs(real))
+                outs[j] = size_output(o.size, real)
         return tuple(outs)
 
     @staticmethod
@@ -170,19 +167,22 @@ class Regrouper:
             shape[o.seq_dim] = n
         return x.new_zeros(shape)
 
-    def costs(self, key: tuple, seconds: dict, fit: bool, version) -> callable:
-        """``cost(rows, length)`` for calls like ``key`` (its other sizes), from each gear's predicted ``seconds``:
-        the cheapest gear holding it padded (or, with ``fit``, split along the batch); cached per sequence gear until
-        ``version`` (the measurements) changes."""
-        if self._costs_made_with != version:
-            self._costs, self._costs_made_with = {}, version
+    def costs(self, key: tuple, version, seconds, fit: bool) -> callable:
+        """``cost(rows, length)`` for calls like ``key`` (its other sizes): the cheapest gear holding it padded (or,
+        with ``fit``, split along the batch), from each gear's predicted seconds (``seconds()``, asked for only when
+        ``version``, the measurements', changed); cached until then."""
+        cached_version, per_gear, tables, memo = self._cache
+        if cached_version != version:
+            per_gear, tables, memo = seconds(), {}, {}
+            self._cache = (version, per_gear, tables, memo)
         rest = tuple(v for p, v in enumerate(key) if p not in self.batch and p not in self.seq)
-        at = {}  # sequence gear -> {batch gear: seconds}, the gears that hold the call's other sizes
-        for g, t in seconds.items():
-            if tuple(v for p, v in enumerate(g) if p not in self.batch and p not in self.seq) == rest:
-                at.setdefault(g[self.seq[0]], {})[g[self.batch[0]]] = t
-        lengths = sorted(at)
-        memo = self._costs
+        if rest not in tables:
+            at = {}  # sequence gear -> {batch gear: seconds}, the gears that hold the call's other sizes
+            for g, t in per_gear.items():
+                if tuple(v for p, v in enumerate(g) if p not in self.batch and p not in self.seq) == rest:
+                    at.setdefault(g[self.seq[0]], {})[g[self.batch[0]]] = t
+            tables[rest] = (sorted(at), at)
+        lengths, at = tables[rest]
 
         def cost(rows: int, length: int) -> float:
             k = bisect.bisect_left(lengths, length)
