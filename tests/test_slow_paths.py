@@ -170,6 +170,33 @@ def test_calls_with_strides_the_static_kernels_were_not_built_for_are_counted_an
             assert unit.ledger.stats().aten_fallbacks > 0
 
 
+def test_a_stride_at_a_dim_of_size_one_is_no_other_layout():
+    """A batch-1 row cut from a wider tensor is contiguous, but keeps its parent's stride at the batch dim: no
+    address uses it, so the static kernels run it (padded_tokens="skip" cuts such rows), nothing counted."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from rewrite.exec.codegen import compile_graph_to_python
+    from rewrite.exec.program import PlannedProgram
+    from rewrite.fx_bridge import from_fx
+    from rewrite.unit import CompileUnit
+
+    w = torch.randn(8, 8)
+
+    def f(x):
+        return (torch.relu(x @ w) * 2,)
+
+    graph = from_fx(make_fx(f)(torch.randn(1, 8)))
+    unit = CompileUnit.detached("g", rewrite.CompilerConfig(strict=True, **{"exec.tier_up_calls": 1}))
+    gear = PlannedProgram(unit).executable(graph, compile_graph_to_python(graph), plannable=True)
+    x = torch.randn(1, 8)
+    for _ in range(3):  # past the tier-up onto the plan and its static kernels
+        gear(x)
+    row = torch.randn(1, 12)[:, :8].contiguous()  # contiguous() keeps the view: its stride is (12, 1)
+    assert row.stride() == (12, 1)
+    torch.testing.assert_close(gear(row)[0], f(row)[0])  # strict: a fallback would raise
+    assert unit.ledger.stats().aten_fallbacks == 0
+
+
 def test_stats_belong_to_one_torch_compile_call_also_for_the_string_backend():
     model = _Rows().eval()
     first = torch.compile(model, backend="rewrite", dynamic=False)

@@ -12,8 +12,8 @@ arena's binding for this plan (made on first use), runs, and hands the arena bac
 caller receives is never arena memory (see `rewrite.exec.plan`).
 
 Static kernels bake in strides. When a plan has them, the strides of the inputs that reach them
-are checked per call; other strides run the graph's plain generated code (logged once), which is
-always correct.
+are checked per call (except at dims of size 1, where no address uses them); other strides run the
+graph's plain generated code (logged once), which is always correct.
 """
 from __future__ import annotations
 
@@ -202,14 +202,14 @@ class PlannedExecutable:
         used = sorted({int(m) for m in re.findall(r"\bf(\d+)\b", "\n".join(body))})
         self._unpacked = used
         params = [f"a{k}" for k in range(len(g.placeholders))]
-        lines = [f"if a{k}.stride() != {tuple(plan.inputs[k].stride)!r}: return _FALLBACK({', '.join(params)})"
-                 for k in sorted(guards)]
+        lines = [f"if a{k}.stride() != {tuple(plan.inputs[k].stride)!r} and not _SAME_LAYOUT(a{k}, "
+                 f"{tuple(plan.inputs[k].stride)!r}): return _FALLBACK({', '.join(params)})" for k in sorted(guards)]
         if used:
             lines.append(", ".join(f"f{i}" for i in used) + ", = F")
         lines += body
         fname = safe_name(g.name)
         src = f"def {fname}(F, T, {', '.join(params)}):\n" + "".join(f"    {ln}\n" for ln in lines)
-        em.globals.update(_FALLBACK=self._fallback, _empty_strided=torch.empty_strided,
+        em.globals.update(_FALLBACK=self._fallback, _SAME_LAYOUT=_same_layout, _empty_strided=torch.empty_strided,
                           _NATIVE_ERROR=self._native_error)
         filename = f"<rewrite-planned-{safe_name(g.name)}-{id(self):x}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
@@ -345,6 +345,12 @@ class PlannedExecutable:
                              "kernels were not built for; the call ran its plain code",
                              "pass inputs with the strides of the first calls (contiguous ones, usually)", n=native)
         return self.fallback(*args)
+
+
+def _same_layout(x: torch.Tensor, stride: tuple) -> bool:
+    """``x`` lies in memory as a tensor of these strides does: they differ only at dims of size 1, whose stride no
+    address uses (a row cut from a wider batch-1 tensor is contiguous, but keeps its parent's stride there)."""
+    return all(have == want or n == 1 for have, want, n in zip(x.stride(), stride, x.shape))
 
 
 _VALUE = re.compile(r"\bv\d+(?:_\d+)?\b")

@@ -45,6 +45,9 @@ _FIXES = {"pads": _ADD_A_GEAR, "splits": _ADD_A_GEAR,
                              "mask the padding proof relies on alone (rewrite.gears.regroup)"}
 
 
+_MAX_PADDED = 4096  # (key, gear) pairs whose padded callables are kept: bounded, sizes are unbounded
+
+
 class GearDispatcher:
     """The callable a geared graph compiles to: ``fn(*inputs) -> outputs``."""
 
@@ -74,6 +77,7 @@ class GearDispatcher:
         self.regrouper = regrouper
         self.regroup_refusal = regroup_refusal
         self._regroup_calls = 0
+        self._padded: dict = {}  # (key, gear) -> (callable padding key up to gear, padded elements, message)
         self._first_call = True
         # what `rewrite.gears.recording` counts each call's key under: the function and each symbol's dim
         self.streams = tuple(_recording.Stream(function, s.label) for s in symbols)
@@ -98,9 +102,9 @@ class GearDispatcher:
         if recs is not None:
             _recording.note(recs, self.streams, key)
         if self.regrouper is not None:
-            groups = self._groups(key, args)
-            if groups is not None:
-                return self.regrouper.serve(args, key, groups, self._run)
+            runs = self._regrouped(key, args)
+            if runs is not None:
+                return self.regrouper.serve(args, key, runs, self._run_at)
         return self._run(key, args)
 
     def _run(self, key: tuple, args):
@@ -114,15 +118,17 @@ class GearDispatcher:
             return self.latency.timed(key, fn, args)
         return fn(*args)
 
-    def _groups(self, key: tuple, args) -> list | None:
-        """The groups of rows a call runs as (`rewrite.gears.regroup`), or None to run it as it is."""
+    def _regrouped(self, key: tuple, args) -> list | None:
+        """The gear calls (`rewrite.gears.regroup.Run`) a call runs as, or None to run it as it is. Every call no gear
+        serves is planned here too (even with no padding to skip): the plan weighs every sequence gear that holds it,
+        where the fallback pads to the smallest."""
         from .fit import REDECIDE_EVERY, predicted_seconds
 
         rg = self.regrouper
         b, n = key[rg.batch[0]], key[rg.seq[0]]
         lengths = rg.lengths(args, b, n)
-        if min(lengths) == n:
-            return None  # no row has padding at its end
+        if min(lengths) == n and key in self.table:
+            return None  # a gear's own call, no row padded at its end: runs as it is
         self._regroup_calls += 1
         version = (self.latency.version if self.latency is not None else 0, self._regroup_calls // REDECIDE_EVERY)
 
@@ -130,10 +136,43 @@ class GearDispatcher:
             measured = self.latency.measured() if self.latency is not None else {}
             return predicted_seconds(list(self.table), measured, self._elements)
         cost = rg.costs(key, version, seconds, self.fallback == "fit")
-        groups = rg.plan(lengths, key, cost)
-        if groups is not None and self.ledger is not None:
-            self.ledger.regrouped(b * n - sum(len(rows) * length for rows, length in groups))
-        return groups
+        runs = rg.plan(lengths, key, cost)
+        if runs is None or self.ledger is None:
+            return runs
+        skipped = b * n - sum((b if r.rows is None else len(r.rows)) * r.length for r in runs)
+        if skipped:
+            self.ledger.regrouped(skipped)
+        splits = {(r.length, r.gear) for r in runs if r.split}
+        if splits:
+            self.ledger.slow("splits", f"{self._describe(key)}: a group of rows at length "
+                             f"{', '.join(str(length) for length, _ in sorted(splits))} ran as several gears' calls",
+                             _FIXES["splits"])
+        return runs
+
+    def _run_at(self, key: tuple, gear: tuple, args):
+        """Serve a call of ``key`` with ``gear``, padded up to it where larger (counted; timed under the gear)."""
+        if key == gear:
+            return self._run(key, args)
+        entry = self._padded.get((key, gear))
+        if entry is None:
+            from .spec import GearError
+
+            try:
+                fn = self.padder.make(key, gear, self.table[gear])
+            except GearError as e:  # known only now, with the sizes: the fallback serves it
+                log.info("gears: %s cannot be padded to gear %s: %s", self._describe(key), gear, e)
+                return self._run(key, args)
+            padded = self._elements(gear) - self._elements(key)
+            entry = (fn, padded, f"{self._describe(key)} was padded by {padded} elements to a gear")
+            if len(self._padded) >= _MAX_PADDED:
+                self._padded.clear()
+            self._padded[(key, gear)] = entry
+        fn, padded, message = entry
+        if self.ledger is not None:
+            self.ledger.slow("pads", message, _FIXES["pads"], padded_rows=padded)
+        if self.latency is not None:
+            return self.latency.timed(gear, fn, args)
+        return fn(*args)
 
     def _serve_miss(self, key: tuple, args):
         """A call whose sizes are no gear: the fallback serves it, and the ledger counts it (strict: raises)."""

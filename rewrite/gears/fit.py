@@ -8,13 +8,14 @@ larger gear if there is one. Each part runs a gear's static graph on a slice of 
 the largest gear only splitting serves a call at all.
 
 The choice is made by the latency each gear was measured to take, on the calls it served (`GearLatency`:
-a moving average per gear, timed only when the fallback is "fit"); a gear not measured yet is priced from
+the least of its last few calls, timed only when the fallback is "fit"); a gear not measured yet is priced from
 the measured ones by rows (a fixed cost per call plus a cost per row, fitted to them), or, before any
 measurement, as its rows plus an eighth of the largest gear's (the fixed cost of a call). Decisions are
 cached per size and made again as measurements come in.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -26,31 +27,35 @@ from .padding import Row, size_output
 
 __all__ = ["GearLatency", "FitPlan", "plan_fit", "predicted_seconds", "Splitter", "REDECIDE_EVERY"]
 
-_ALPHA = 0.2  # weight of a new measurement in a gear's moving average
+_WINDOW = 8  # a gear's latency: the least of its last calls (a moving average kept a contended call for long)
 _SKIP_FIRST = 2  # a gear's first calls (warm-up, tier-up builds) are not measured
+_MOVED = 0.75  # an estimate that moved past this factor since decisions were made makes them stale
 REDECIDE_EVERY = 256  # calls between fresh decisions for the sizes no gear serves
 
 
 class GearLatency:
-    """Seconds per call of each gear, as a moving average of the calls it served; thread-safe."""
+    """Seconds per call of each gear: the least of its last `_WINDOW` calls (every call it ran, padded or not); a
+    call slowed by something else on the machine (a background build, another process) is not its latency, and
+    a gear called rarely would keep such a figure for long in an average. Thread-safe."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._seen: dict = {}
-        self._mean: dict = {}
-        self.version = 0  # bumped when a gear gets its first measurement: cached decisions are stale
+        self._recent: dict = {}  # gear -> deque of its last calls' seconds
+        self._decided: dict = {}  # gear -> its estimate when `version` last moved for it
+        self.version = 0  # bumped when a gear's estimate is new or moved far: cached decisions are stale
 
     def record(self, gear: tuple, seconds: float) -> None:
         with self._lock:
             n = self._seen[gear] = self._seen.get(gear, 0) + 1
             if n <= _SKIP_FIRST:
                 return
-            old = self._mean.get(gear)
-            if old is None:
+            recent = self._recent.setdefault(gear, collections.deque(maxlen=_WINDOW))
+            recent.append(seconds)
+            now, then = min(recent), self._decided.get(gear)
+            if then is None or not _MOVED * then <= now <= then / _MOVED:
                 self.version += 1
-                self._mean[gear] = seconds
-            else:
-                self._mean[gear] = old + _ALPHA * (seconds - old)
+                self._decided[gear] = now
 
     def timed(self, gear: tuple, fn, args):
         t0 = time.perf_counter()
@@ -60,7 +65,7 @@ class GearLatency:
 
     def measured(self) -> dict:
         with self._lock:
-            return dict(self._mean)
+            return {g: min(r) for g, r in self._recent.items()}
 
 
 def predicted_seconds(gears: list, measured: dict, rows_of) -> dict:

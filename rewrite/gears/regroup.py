@@ -37,9 +37,34 @@ from ..ir import SymMeta
 from .fit import plan_fit
 from .padding import INDEP, Row, size_output, tied_positions
 
-__all__ = ["Regrouper", "plan_regroup", "group_shapes", "CALL_TOKENS"]
+__all__ = ["Regrouper", "Run", "plan_regroup", "group_shapes", "CALL_TOKENS"]
 
 CALL_TOKENS = 256  # a call's fixed cost (dispatch, gather and scatter), in tokens' work: MiniLM-sized on a CPU
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One gear call of a regrouped call: its rows (indices into the call's; None: all of them, in order), cut to
+    ``length``, run at ``gear`` (the gear's key: padded up to it where larger); ``split``: its group of rows runs as
+    several such calls."""
+
+    rows: list | None
+    length: int
+    gear: tuple
+    split: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """The cheapest way to serve (rows, length) with the gears: ``parts`` (rows, batch gear) at the sequence gear
+    ``length``, predicted to take ``seconds``."""
+
+    seconds: float
+    length: int = 0
+    parts: tuple = ()
+
+
+_NONE = _Choice(math.inf)  # no gear holds the size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,37 +143,59 @@ class Regrouper:
         return own.clamp(min=1).tolist()
 
     def plan(self, lengths: list[int], key: tuple, cost) -> list | None:
-        """Groups as (row indices, length), or None when the call is best run as it is. ``cost(rows, length)``:
-        predicted seconds of serving that size."""
-        groups, seconds = _cheapest_groups(lengths, cost)
-        # no cheaper than the call as it is (one group of every row at the call's own length costs exactly that)
-        return None if seconds >= cost(len(lengths), key[self.seq[0]]) else groups
+        """The `Run`s a call is served as, or None when no plan serves it (a size past every gear). ``cost(rows,
+        length)``: the cheapest `_Choice` for serving that size with the gears."""
+        groups, seconds = _cheapest_groups(lengths, lambda rows, length: cost(rows, length).seconds)
+        if math.isinf(seconds):
+            return None
+        b = len(lengths)
+        runs = []
+        for rows, length in groups:
+            choice = cost(len(rows), length)
+            at = 0
+            for part, batch_gear in choice.parts:
+                gear = tuple(batch_gear if p in self.batch else choice.length if p in self.seq else v
+                             for p, v in enumerate(key))
+                chosen = rows[at: at + part]
+                runs.append(Run(None if len(chosen) == b else chosen, length, gear, len(choice.parts) > 1))
+                at += part
+        return runs
 
-    def serve(self, args, key: tuple, groups: list, run):
-        """Run ``groups`` (from `plan`) with ``run(key, args)``, each output's rows joined in one buffer."""
+    def serve(self, args, key: tuple, runs: list, run_at):
+        """Serve ``runs`` (from `plan`), each with ``run_at(its key, its gear, its inputs)``; each output's rows
+        joined in one buffer."""
         b, n = key[self.batch[0]], key[self.seq[0]]
         outs = None
-        for rows, length in groups:
-            idx = torch.tensor(rows, device=args[self.masks[0][0]].device)
+        for run in runs:
             part = list(args)
-            for i, d in self.batch_inputs:
-                part[i] = part[i].index_select(d, idx)
-            for i, d in self.seq_inputs:
-                # contiguous, as a padded input (torch.cat) is: a gear's code may view its input as it was traced
-                part[i] = part[i].narrow(d, 0, length).contiguous()
+            idx = None
+            if run.rows is not None:
+                idx = torch.tensor(run.rows, device=args[self.masks[0][0]].device)
+                for i, d in self.batch_inputs:
+                    part[i] = part[i].index_select(d, idx)
+            if run.length != n:
+                for i, d in self.seq_inputs:
+                    # contiguous, as a padded input (torch.cat) is: a gear's code may view its input as it was traced
+                    part[i] = part[i].narrow(d, 0, run.length).contiguous()
+                for i in self.seq_scalars:
+                    part[i] = run.length
+            rows = b if run.rows is None else len(run.rows)
             for i in self.batch_scalars:
-                part[i] = len(rows)
-            for i in self.seq_scalars:
-                part[i] = length
-            part_key = tuple(len(rows) if p in self.batch else length if p in self.seq else v
+                part[i] = rows
+            part_key = tuple(rows if p in self.batch else run.length if p in self.seq else v
                              for p, v in enumerate(key))
-            got = run(part_key, part)
+            got = run_at(part_key, run.gear, part)
+            if part_key == key:
+                return got  # the call as it is, in one run
             if outs is None:
                 outs = [self._buffer(o, x, b, n) for o, x in zip(self.outputs, got)]
             for o, buf, x in zip(self.outputs, outs, got):
                 if o.batch_dim is not None:
-                    rows_of = buf.narrow(o.seq_dim, 0, length) if o.seq_dim is not None else buf
-                    rows_of.index_copy_(o.batch_dim, idx, x)
+                    rows_of = buf.narrow(o.seq_dim, 0, run.length) if o.seq_dim is not None else buf
+                    if idx is None:
+                        rows_of.copy_(x)
+                    else:
+                        rows_of.index_copy_(o.batch_dim, idx, x)
         real = {s.symbol: v for s, v in zip(self.symbols, key)}
         for j, o in enumerate(self.outputs):
             if o.size is not None:
@@ -168,9 +215,10 @@ class Regrouper:
         return x.new_zeros(shape)
 
     def costs(self, key: tuple, version, seconds, fit: bool) -> callable:
-        """``cost(rows, length)`` for calls like ``key`` (its other sizes): the cheapest gear holding it padded (or,
-        with ``fit``, split along the batch), from each gear's predicted seconds (``seconds()``, asked for only when
-        ``version``, the measurements', changed); cached until then."""
+        """``cost(rows, length)`` for calls like ``key`` (its other sizes): the cheapest `_Choice`, a sequence gear
+        that holds the length and the batch gears its rows run as, padded (or, with ``fit``, split), from each
+        gear's predicted seconds (``seconds()``, asked for only when ``version``, the measurements', changed);
+        cached until then."""
         cached_version, per_gear, tables, memo = self._cache
         if cached_version != version:
             per_gear, tables, memo = seconds(), {}, {}
@@ -184,13 +232,13 @@ class Regrouper:
             tables[rest] = (sorted(at), at)
         lengths, at = tables[rest]
 
-        def cost(rows: int, length: int) -> float:
+        def cost(rows: int, length: int) -> _Choice:
             k = bisect.bisect_left(lengths, length)
             if k == len(lengths):
-                return math.inf
+                return _NONE
             ck = (rows, lengths[k], rest)
             if ck not in memo:
-                memo[ck] = min(_rows_cost(rows, at[s], fit) for s in lengths[k:])
+                memo[ck] = min((_rows_choice(rows, s, at[s], fit) for s in lengths[k:]), key=lambda c: c.seconds)
             return memo[ck]
         return cost
 
@@ -223,10 +271,14 @@ def group_shapes(requests, call_tokens: int = CALL_TOKENS) -> list[tuple[int, in
     return shapes
 
 
-def _rows_cost(rows: int, sizes: dict, fit: bool) -> float:
-    """Seconds to serve ``rows`` with gears of these batch ``sizes``: the smallest that holds them, or split."""
+def _rows_choice(rows: int, length: int, sizes: dict, fit: bool) -> _Choice:
+    """Serving ``rows`` at sequence gear ``length`` with its batch gears ``sizes`` ({rows: seconds}): the smallest
+    that holds them, or (``fit``) the cheapest split."""
     if fit:
         plan = plan_fit(rows, list(sizes), sizes)
-        return plan.seconds if plan is not None else math.inf
-    fits = [t for g, t in sizes.items() if g >= rows]
-    return min(fits) if fits else math.inf
+        return _Choice(plan.seconds, length, plan.parts) if plan is not None else _NONE
+    fits = [(t, g) for g, t in sizes.items() if g >= rows]
+    if not fits:
+        return _NONE
+    t, g = min(fits)
+    return _Choice(t, length, ((rows, g),))
