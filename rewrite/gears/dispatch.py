@@ -77,7 +77,7 @@ class GearDispatcher:
         self.regrouper = regrouper
         self.regroup_refusal = regroup_refusal
         self._regroup_calls = 0
-        self._padded: dict = {}  # (key, gear) -> (callable padding key up to gear, padded elements, message)
+        self._padded: dict = {}  # (key, gear) -> its `_pad_entry`: regrouped calls' runs padded to a gear
         self._first_call = True
         # what `rewrite.gears.recording` counts each call's key under: the function and each symbol's dim
         self.streams = tuple(_recording.Stream(function, s.label) for s in symbols)
@@ -158,20 +158,16 @@ class GearDispatcher:
             from .spec import GearError
 
             try:
-                fn = self.padder.make(key, gear, self.table[gear])
+                entry = self._pad_entry(key, gear)
             except GearError as e:  # known only now, with the sizes: the fallback serves it
                 log.info("gears: %s cannot be padded to gear %s: %s", self._describe(key), gear, e)
                 return self._run(key, args)
-            padded = self._elements(gear) - self._elements(key)
-            entry = (fn, padded, f"{self._describe(key)} was padded by {padded} elements to a gear")
             if len(self._padded) >= _MAX_PADDED:
                 self._padded.clear()
             self._padded[(key, gear)] = entry
-        fn, padded, message = entry
+        kind, fn, padded, message = entry
         if self.ledger is not None:
-            self.ledger.slow("pads", message, _FIXES["pads"], padded_rows=padded)
-        if self.latency is not None:
-            return self.latency.timed(gear, fn, args)
+            self.ledger.slow(kind, message, _FIXES[kind], padded_rows=padded)
         return fn(*args)
 
     def _serve_miss(self, key: tuple, args):
@@ -214,10 +210,7 @@ class GearDispatcher:
                 if target is not None:
                     log.info("gears: shape %s is not a gear; padding up to gear %s", self._describe(key), target)
                     try:
-                        fn = self.padder.make(key, target, self.table[target])
-                        padded = self._elements(target) - self._elements(key)
-                        entry = self._misses[key] = ("pads", fn, padded, f"{self._describe(key)} was padded by "
-                                                     f"{padded} elements to a gear")
+                        entry = self._misses[key] = self._pad_entry(key, target)
                         return entry
                     except GearError as e:  # known only now, with the sizes: say it as every refusal does
                         why = f"and padding is not possible: {e}"
@@ -229,31 +222,37 @@ class GearDispatcher:
         raise self._error(key, "")
 
     def _fit(self, key: tuple):
-        """The cheapest of padding to one gear and splitting along one gear axis, by the gears' measured latency
-        (`rewrite.gears.fit`); None when neither is possible."""
+        """The cheapest of padding to one gear and splitting along one gear axis (each other size padded up to some
+        gear's), by the gears' measured latency (`rewrite.gears.fit`); None when neither is possible."""
         from .fit import Splitter, plan_fit, predicted_seconds
         from .spec import GearError
 
         seconds = predicted_seconds(list(self.table), self.latency.measured(), self._elements)
-        best = None  # (predicted seconds, axis, FitPlan, {other key position: its padded size})
+        larger = [g for g in self.table if all(v == k or (v > k and self.padder.can_pad(p))
+                                               for p, (v, k) in enumerate(zip(g, key)))]
+        best = min(((seconds[g], None, g, None) for g in larger), default=None)  # (seconds, axis, plan, elsewhere)
         for axis in self._axes:
             if not all(self.padder.can_split(p) for p in axis) or len({self.padder.plan_of(p) for p in axis}) > 1:
                 continue  # an axis of several symbols splits only where they were proven as one size
-            # the gears that hold the call's other sizes, padded up the least where they are no gear
+            # the gears that hold the call's other sizes (padded up where they are larger), by those sizes
             rest = [p for p in range(len(key)) if p not in axis]
-            fits = [g for g in self.table if all(g[p] == key[p] or (g[p] > key[p] and self.padder.can_pad(p))
-                                                 for p in rest)]
-            if not fits:
-                continue
-            elsewhere = min({tuple(g[p] for p in rest) for g in fits}, key=math.prod)
-            sizes = {g[axis[0]]: seconds[g] for g in fits if tuple(g[p] for p in rest) == elsewhere}
-            plan = plan_fit(key[axis[0]], list(sizes), sizes)
-            if plan is not None and (best is None or plan.seconds < best[0]):
-                best = (plan.seconds, axis, plan, dict(zip(rest, elsewhere)))
-        target = self._smallest_larger(key)
-        if best is None or not best[2].split or (target is not None and seconds[target] <= best[0]):
-            return None  # padding to one gear (the "pad" path) is as cheap, or the only way
+            by_rest: dict = {}
+            for g in self.table:
+                if all(g[p] == key[p] or (g[p] > key[p] and self.padder.can_pad(p)) for p in rest):
+                    by_rest.setdefault(tuple(g[p] for p in rest), {})[g[axis[0]]] = seconds[g]
+            for elsewhere, sizes in by_rest.items():
+                plan = plan_fit(key[axis[0]], list(sizes), sizes)
+                if plan is not None and plan.split and (best is None or plan.seconds < best[0]):
+                    best = (plan.seconds, axis, plan, dict(zip(rest, elsewhere)))
+        if best is None:
+            return None
         _, axis, plan, elsewhere = best
+        if axis is None:  # padding to one gear is the cheapest
+            try:
+                return self._pad_entry(key, plan)
+            except GearError as e:
+                log.info("gears: %s cannot be padded to gear %s: %s", self._describe(key), plan, e)
+                return None
         try:
             fn = Splitter(self.padder, axis, key, plan.parts, self.table, elsewhere)
         except GearError as e:
@@ -266,6 +265,18 @@ class GearDispatcher:
         grown = [f"{self.symbols[p].label} padded to {v}" for p, v in elsewhere.items() if v != key[p]]
         return ("splits", fn, padded, f"{self._describe(key)} ran as gears {ran} of {self.symbols[axis[0]].label}"
                 + (f" ({', '.join(grown)})" if grown else ""))
+
+    def _pad_entry(self, key: tuple, gear: tuple) -> tuple:
+        """The miss entry of ``key`` padded up to ``gear``: ("pads", callable, padded elements, message); the
+        callable is timed under the gear when the fallback measures gears. Raises GearError where it cannot pad."""
+        fn = self.padder.make(key, gear, self.table[gear])
+        if self.latency is not None:
+            latency, padded_fn = self.latency, fn
+
+            def fn(*args):
+                return latency.timed(gear, padded_fn, args)
+        padded = self._elements(gear) - self._elements(key)
+        return ("pads", fn, padded, f"{self._describe(key)} was padded by {padded} elements to a gear")
 
     def _elements(self, key: tuple) -> int:
         """The elements a call of ``key`` runs: the product of its gear axes' sizes (one gear axis the trace kept as
