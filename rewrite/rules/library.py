@@ -1,4 +1,4 @@
-"""The library's rulesets as one value (`LIBRARY`, in the order the schedule runs them) and what a compile does
+"""The library's rulesets as one value (`LIBRARY`, in the order the schedule runs them: its one home) and what a compile does
 with them: users' rulesets checked (`check_user_rulesets`), rules switched off by name (`without`), the rules
 this build leaves out (`left_out`)."""
 from __future__ import annotations
@@ -13,7 +13,9 @@ from . import algebra, fused, gemm, shape_ops
 
 __all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "family_of", "left_out"]
 
-# Shape ops first: they expose algebra matches; GEMM rules and fused kernels see the cleaned graph.
+# The order of the saturation (`rewrite.optimizer.SCHEDULE` runs LIBRARY as it stands): the modules in this order,
+# each module's RULESETS in its own. Shape ops first: they expose algebra matches; GEMM rules and fused kernels see
+# the cleaned graph.
 _MODULES = (shape_ops, algebra, gemm, fused)
 LIBRARY: tuple[RuleSet, ...] = tuple(rs for module in _MODULES for rs in module.RULESETS)
 
