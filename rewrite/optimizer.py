@@ -179,9 +179,7 @@ def offered_runs(unit: CompileUnit) -> list:
     rulesets, minus what ``config.rules.disabled`` names."""
     config = unit.config
     runs = library_runs() + [(rs, rs.iterations) for rs in check_user_rulesets(config.rules.extra)]
-    iterations = {rs.name: k for rs, k in runs}  # a copy without some rules (`without`) keeps its original's count
-    kept = without([rs for rs, _ in runs], config.rules.disabled)  # checks every name against everything there is
-    return [(rs, iterations[rs.name]) for rs in kept]
+    return without(runs, config.rules.disabled)  # checks every name against everything there is
 
 
 def _optimize(graph: Graph, unit: CompileUnit) -> Graph:

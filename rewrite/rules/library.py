@@ -53,8 +53,9 @@ _derived: dict = {}  # (id of the ruleset, names removed) -> (the ruleset, the c
 _derived_lock = threading.Lock()
 
 
-def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
-    """``rulesets`` minus what ``disabled`` names: rule names, ruleset names or families.
+def without(runs: list, disabled) -> list:
+    """``runs`` ((RuleSet, iterations) pairs) minus what ``disabled`` names: rule names, ruleset names or families.
+    A ruleset left with some of its rules becomes a copy without the others, paired with its own count.
 
     Raises ConfigError for a name that is none of these, listing the families and rulesets (and
     rule names close to it). The same rulesets and names give the same objects back, so the
@@ -62,7 +63,8 @@ def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
     """
     disabled = set(disabled)
     if not disabled:
-        return list(rulesets)
+        return list(runs)
+    rulesets = [rs for rs, _ in runs]
     families = {family_of(rs.name) for rs in rulesets}
     names = {rs.name for rs in rulesets}
     rules = {r.name for rs in rulesets for r in rs.rules}
@@ -74,17 +76,17 @@ def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
             f"{sorted(families)}; rulesets: {sorted(names)}; rules: the {len(rules)} names `python -m rewrite rules` "
             f"lists" + (f" (close: {close})" if close else ""))
     out = []
-    for rs in rulesets:
+    for rs, iterations in runs:
         if rs.name in disabled or family_of(rs.name) in disabled:
             continue
         removed = frozenset(r.name for r in rs.rules if r.name in disabled)
         if not removed:
-            out.append(rs)
+            out.append((rs, iterations))
             continue
         key = (id(rs), removed)
         with _derived_lock:
             entry = _derived.get(key)
             if entry is None or entry[0] is not rs:
                 entry = _derived[key] = (rs, dataclasses.replace(rs, rules=[r for r in rs.rules if r.name not in removed]))
-        out.append(entry[1])
+        out.append((entry[1], iterations))
     return out
