@@ -16,6 +16,6 @@ through ``CompilerConfig().rules.disabled`` (`without`).
 from __future__ import annotations
 
 from . import algebra, fused, gemm, shape_ops
-from .library import LIBRARY, check_user_rulesets, default_rulesets, family_of, left_out, without
+from .library import LIBRARY, check_user_rulesets, default_rulesets, left_out, ruleset_family, without
 
-__all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "family_of", "left_out"]
+__all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "ruleset_family", "left_out"]

@@ -11,7 +11,7 @@ from ..config import ConfigError, RulesConfig
 from ..dsl import RuleSet
 from . import algebra, fused, gemm, shape_ops
 
-__all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "family_of", "left_out"]
+__all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "ruleset_family", "left_out"]
 
 # The order of the saturation (`rewrite.optimizer.SCHEDULE` runs LIBRARY as it stands): the modules in this order,
 # each module's RULESETS in its own. Shape ops first: they expose algebra matches; GEMM rules and fused kernels see
@@ -44,7 +44,7 @@ def check_user_rulesets(extra) -> list[RuleSet]:
     return extra
 
 
-def family_of(ruleset_name: str) -> str:
+def ruleset_family(ruleset_name: str) -> str:
     """A ruleset's family: its name up to the first dot (``gemm.merge_parallel`` -> ``gemm``)."""
     return ruleset_name.split(".", 1)[0]
 
@@ -65,7 +65,7 @@ def without(runs: list, disabled) -> list:
     if not disabled:
         return list(runs)
     rulesets = [rs for rs, _ in runs]
-    families = {family_of(rs.name) for rs in rulesets}
+    families = {ruleset_family(rs.name) for rs in rulesets}
     names = {rs.name for rs in rulesets}
     rules = {r.name for rs in rulesets for r in rs.rules}
     unknown = sorted(disabled - families - names - rules)
@@ -77,7 +77,7 @@ def without(runs: list, disabled) -> list:
             f"lists" + (f" (close: {close})" if close else ""))
     out = []
     for rs, iterations in runs:
-        if rs.name in disabled or family_of(rs.name) in disabled:
+        if rs.name in disabled or ruleset_family(rs.name) in disabled:
             continue
         removed = frozenset(r.name for r in rs.rules if r.name in disabled)
         if not removed:
