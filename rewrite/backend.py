@@ -216,7 +216,7 @@ class RewriteBackend:
         ``example_inputs`` (AOT's) are what the user's post_grad passes get (see rewrite.user_passes).
         """
         rep = unit.report
-        stages = Stages(unit)  # every graph dump of this unit goes through it
+        stages = Stages.for_unit(unit)  # the compile's one Stages: every graph dump of this unit goes through it
         # config.cache.dir: the optimized graph and gear graphs of this AOT graph may be cached (rewrite.cache.aot).
         entry = cached = None
         if self.config.cache.dir is not None:
@@ -247,7 +247,7 @@ class RewriteBackend:
         stages.dump(graph, "after")
 
         # One assembly with the loader's (rewrite.pipeline): the unit's policy decides how the gears run.
-        fn = build_callable(graph, unit, gear_spec, gear_graphs)
+        fn = build_callable(graph, stages, gear_spec, gear_graphs)
         if entry is not None and cached is None:
             with rep.stage("cache"):
                 entry.store(graph, gear_graphs, rep.ops_before)

@@ -4,7 +4,8 @@
 which limits, the finishing passes included; `python -m rewrite rules` prints it, and `optimize`
 runs exactly it. It lists the values that run: the `Pass` values of `rewrite.passes` (one contract,
 ``run(step) -> {what: count}``, each with its name, timing bucket and description) and, for the
-saturation, ``Run(ruleset, iterations)`` with each count written next to its ruleset object.
+saturation, ``Run(ruleset, iterations)`` for each ruleset of `rewrite.rules.LIBRARY`, in its order, with
+the counts that are not the default written here next to their ruleset objects.
 First the graph's subgraphs (branches and loop bodies). Then rounds of two steps,
 each run to its own fixpoint: the hand-written passes of `rewrite.passes` (they need torch or the
 IR's structure: dead-edge elimination, size and constant folding, computed DSL rules, constant
@@ -42,7 +43,7 @@ from .ops import STRIDE_READERS, is_mutable
 from .passes import (CHANNELS_LAST, COMPUTED_RULES, DEAD_EDGE, DEDUP, FOLD, FOLD_SIZES, FRESH_OUTPUTS, PRUNE, REINPLACE,
                      VIEWS_AS_RESHAPES, Pass, Step)
 from .report import GraphReport
-from .rules import algebra, check_user_rulesets, fused, gemm, left_out, shape_ops, without
+from .rules import LIBRARY, algebra, check_user_rulesets, gemm, left_out, without
 from .unit import CompileUnit, as_unit
 
 log = logging.getLogger("rewrite")
@@ -100,35 +101,30 @@ def _optimize_subgraphs(step: Step) -> dict:
 SUBGRAPHS = Pass("subgraphs", "subgraphs", _optimize_subgraphs,
                  "branches and loop bodies of control-flow ops are optimized first, by this same schedule")
 
-# A saturation runs the library's rulesets in `rewrite.rules.LIBRARY`'s order (shape ops, algebra, GEMMs, fused
-# kernels: shape ops expose algebra matches; GEMM rules and fused kernels see the cleaned graph), each for its
-# iterations per saturation round: 8 by default.
+# How often a library ruleset runs per saturation round: 8, but for these, each with why. The order is
+# `rewrite.rules.LIBRARY`'s, its one home (shape ops, algebra, GEMMs, fused kernels: why is written there).
 _DEFAULT_ITERATIONS = 8
+_FEWER_ITERATIONS = (
+    Run(algebra.COMMUTATIVITY, 1),  # once: it only doubles add/mul e-nodes
+    # once: a multi-pattern rule whose members are original nodes in graph order, so each set of sibling GEMMs
+    # matches once and merged GEMMs never merge again
+    Run(gemm.MERGE_PARALLEL, 1),
+    Run(gemm.FOLD_SCALES, 4),  # moving scales into weights: a chain of views is at most that deep in the zoo
+)
+for _run in _FEWER_ITERATIONS:  # a count for a ruleset the library no longer holds would be ignored silently
+    if not any(_run.ruleset is rs for rs in LIBRARY):
+        raise AssertionError(f"rewrite.optimizer: ruleset {_run.ruleset.name} has a count but is not in rewrite.rules.LIBRARY")
+
+
+def _run_of(ruleset: RuleSet) -> Run:
+    """``ruleset``'s run in the saturation: its entry in `_FEWER_ITERATIONS`, else `_DEFAULT_ITERATIONS`."""
+    return next((r for r in _FEWER_ITERATIONS if r.ruleset is ruleset), Run(ruleset, _DEFAULT_ITERATIONS))
+
 
 SCHEDULE = Schedule(
     first=(SUBGRAPHS,),
     sweep=Sweep(passes=(DEAD_EDGE, FOLD_SIZES, FOLD, COMPUTED_RULES, DEDUP, PRUNE), max_sweeps=16),
-    saturation=Saturation(runs=(
-        Run(shape_ops.NOOPS, _DEFAULT_ITERATIONS),
-        Run(shape_ops.VIEW_CHAINS, _DEFAULT_ITERATIONS),
-        Run(shape_ops.PERMUTES, _DEFAULT_ITERATIONS),
-        Run(shape_ops.CASTS, _DEFAULT_ITERATIONS),
-        Run(shape_ops.FRESH_CLONES, _DEFAULT_ITERATIONS),
-        Run(shape_ops.FRESH_COPIES, _DEFAULT_ITERATIONS),
-        Run(shape_ops.POINTWISE_RESHAPES, _DEFAULT_ITERATIONS),
-        Run(algebra.IDENTITIES, _DEFAULT_ITERATIONS),
-        Run(algebra.IDENTITY_CHAINS, _DEFAULT_ITERATIONS),
-        Run(algebra.NEGATION, _DEFAULT_ITERATIONS),
-        Run(algebra.IDEMPOTENCE, _DEFAULT_ITERATIONS),
-        Run(algebra.COMMUTATIVITY, 1),  # once: it only doubles add/mul e-nodes
-        # once: a multi-pattern rule whose members are original nodes in graph order, so each set of sibling GEMMs
-        # matches once and merged GEMMs never merge again
-        Run(gemm.MERGE_PARALLEL, 1),
-        Run(gemm.FOLD_SCALES, 4),  # moving scales into weights: a chain of views is at most that deep in the zoo
-        Run(gemm.FOLD_BATCH_NORMS, _DEFAULT_ITERATIONS),
-        Run(fused.GELU, _DEFAULT_ITERATIONS),
-        Run(fused.LINEAR, _DEFAULT_ITERATIONS),
-    )),
+    saturation=Saturation(runs=tuple(_run_of(rs) for rs in LIBRARY)),
     rounds=4,
     finishing=(VIEWS_AS_RESHAPES, FRESH_OUTPUTS, REINPLACE, CHANNELS_LAST),
 )
@@ -183,9 +179,7 @@ def offered_runs(unit: CompileUnit) -> list:
     rulesets, minus what ``config.rules.disabled`` names."""
     config = unit.config
     runs = library_runs() + [(rs, rs.iterations) for rs in check_user_rulesets(config.rules.extra)]
-    iterations = {rs.name: k for rs, k in runs}  # a copy without some rules (`without`) keeps its original's count
-    kept = without([rs for rs, _ in runs], config.rules.disabled)  # checks every name against everything there is
-    return [(rs, iterations[rs.name]) for rs in kept]
+    return without(runs, config.rules.disabled)  # checks every name against everything there is
 
 
 def _optimize(graph: Graph, unit: CompileUnit) -> Graph:

@@ -37,6 +37,11 @@ class Stages:
     unit: CompileUnit
     program: object = None  # exec.PlannedProgram, when the unit's policy plans graphs
 
+    @classmethod
+    def for_unit(cls, unit: CompileUnit) -> "Stages":
+        """The one `Stages` of a compile of ``unit``, with the program its policy picks (`exec.program_for`)."""
+        return cls(unit, rexec.program_for(unit))
+
     def gears_made(self, graphs: list) -> None:
         """Every static graph (gear) of the unit is made and none is built yet: the memory they will share is
         predicted now, from their metas (`exec.memory.PoolMemory`, in the unit's report)."""
@@ -60,13 +65,13 @@ class Stages:
         return out
 
 
-def build_callable(graph: Graph, unit: CompileUnit, gear_spec=None, gear_graphs: dict | None = None):
-    """The callable of optimized ``graph`` (static, or symbolic with ``gear_spec``'s gears) under ``unit``'s policy.
+def build_callable(graph: Graph, stages: Stages, gear_spec=None, gear_graphs: dict | None = None):
+    """The callable of optimized ``graph`` (static, or symbolic with ``gear_spec``'s gears) under the policy of
+    ``stages.unit``; ``stages``: the compile's one `Stages` (`Stages.for_unit`), which its driver also dumps through.
 
     ``gear_graphs`` (gear key -> optimized static graph): the compile cache's hook, see `gears.compile_dynamic`.
     """
-    program = rexec.program_for(unit)
-    stages = Stages(unit, program)
+    unit, program = stages.unit, stages.program
 
     def build_static(g: Graph):
         # the py dump of a multi-stream graph shows the code the scheduler generated per stream, waits included

@@ -19,6 +19,7 @@ from rewrite.cost import DEFAULT, FiguresError, KernelTimes, Rate, calibration, 
 from rewrite.ir import Graph, TensorMeta
 from rewrite.optimizer import optimize
 from rewrite.report import GraphReport
+from rewrite.unit import CompileUnit
 
 aten = torch.ops.aten
 S = sympy.Integer
@@ -168,7 +169,7 @@ def _qkv(n_siblings=3, width=64):
 def _optimized(g, cal):
     report = GraphReport(g.name)
     with calibration.use(cal):
-        return optimize(g, CompilerConfig(), report), report
+        return optimize(g, CompileUnit.detached(g.name, CompilerConfig(), report)), report
 
 
 def test_merge_is_chosen_only_where_the_calibration_says_it_pays():
@@ -224,7 +225,8 @@ def test_disabled_names_rules_rulesets_or_families():
         config.rules.disabled = names
         report = GraphReport("qkv")
         with calibration.use(DEFAULT):
-            out = optimize(_qkv(), config, report)
+            g = _qkv()
+            out = optimize(g, CompileUnit.detached(g.name, config, report))
         assert not any(k.startswith("merge_parallel") for k in report.applied), names
         assert out.op_counts()["aten.addmm.default"] == 3
 
@@ -234,7 +236,8 @@ def test_unknown_disabled_name_is_a_config_error_listing_the_known_ones():
     config.rules.disabled = ["merge_parallel_addm_3"]
     with pytest.raises(ConfigError, match=r"merge_parallel_addm_3.*families: \[.*'algebra'.*'gemm'.*"
                                           r"rulesets: \[.*'gemm.merge_parallel'.*close: \[.*'merge_parallel_addmm_3'"):
-        optimize(_qkv(), config, GraphReport("qkv"))
+        g = _qkv()
+        optimize(g, CompileUnit.detached(g.name, config, GraphReport("qkv")))
     model = torch.nn.Linear(4, 4)
     with pytest.raises(Exception, match="no rule family, ruleset or rule"):  # at compile time at the latest
         torch.compile(model, backend=rewrite.get_backend(config))(torch.randn(2, 4))
@@ -293,6 +296,6 @@ def test_a_symbolic_graph_keeps_the_gemm_its_gears_choose_at_their_own_sizes():
         xs = g.placeholder("x", x)
         y = g.call(aten.addmm.default, (g.constant(torch.randn(96)), xs, g.constant(torch.randn(64, 96))), meta=out)
         g.set_output((y,))
-        got = optimize(g, CompilerConfig())
+        got = optimize(g, CompileUnit.detached(g.name, CompilerConfig()))
     assert got.op_counts().get("aten.addmm.default") == 1 and not any(
         n.target in FUSED_LINEARS for n in got.nodes if n.kind == "call")

@@ -40,7 +40,7 @@ def _settings(n):
 def test_random_graphs_optimized_compute_the_same_values(data):
     graph = data.draw(graphs(max_inputs=3, max_ops=10))
     inputs = data.draw(graph_inputs(graph))
-    optimized = optimize(graph, CompilerConfig(), GraphReport("fuzz"))
+    optimized = optimize(graph, CompileUnit.detached(graph.name, CompilerConfig(), GraphReport("fuzz")))
     optimized.validate()
     # Bit for bit (NaN where NaN, the sign of every zero), no output newly aliasing an input.
     assert_equivalent(graph, optimized, inputs=inputs, exact=True, check_aliasing=True)
@@ -133,7 +133,7 @@ def test_random_graphs_compute_the_same_before_and_after_their_tier_up(data):
     config = CompilerConfig()
     config.exec.tier_up_calls = 1
     report = GraphReport("fuzz")
-    optimized = optimize(graph, config, report)
+    optimized = optimize(graph, CompileUnit.detached(graph.name, config, report))
     program = PlannedProgram(CompileUnit.detached("fuzz", config, report))
     plain = compile_graph_to_python(optimized)
     gear = program.executable(optimized, plain, plannable=True)

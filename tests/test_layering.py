@@ -9,7 +9,9 @@ package, those inside functions too), so a new import that breaks a rule fails h
   and the While fixpoint re-inferring its body);
 * every module and package is on README.md's Layout map, and a module imports at load time (its top-level
   import statements) only from its own layer of the map and the layers above it;
-* every test file is on tests/README.md's map of tests to rooms.
+* every test file is on tests/README.md's map of tests to rooms;
+* no module imports another's private name (``from m import _name``) or reads it as ``m._name``, and no two
+  modules share a file name outside the op-family mirrors (rules/, kernels/cgen/).
 """
 from __future__ import annotations
 
@@ -257,18 +259,34 @@ def test_no_two_modules_share_a_file_name_outside_the_op_family_mirrors():
     assert not {b: p for b, p in by_name.items() if len(p) > 1}
 
 
-def _private_imports(path: str) -> list[str]:
-    """``from <rewrite module> import _name`` statements of a module (a private alias of a public name is fine)."""
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_imports(name: str, path: str) -> list[str]:
+    """``from <rewrite module> import _name`` statements of a module (a private alias of a public name is fine),
+    and ``module._name`` where ``module`` is a name the module bound to another of the package's modules."""
     with open(path) as f:
         tree = ast.parse(f.read(), path)
-    out = []
+    out, modules = [], {}  # modules: local name -> the package's module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("rewrite")):
-            out += [f"{path}: {node.module} {a.name}" for a in node.names
-                    if a.name.startswith("_") and not a.name.startswith("__")]
+            out += [f"{path}: {node.module} {a.name}" for a in node.names if _private(a.name)]
+            if node.level:
+                parts = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            modules.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES})
+        elif isinstance(node, ast.Import):
+            modules.update({a.asname: a.name for a in node.names if a.asname and a.name in MODULES})
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                and modules.get(node.value.id, name) != name):
+            out.append(f"{path}:{node.lineno}: {modules[node.value.id]}.{node.attr}")
     return out
 
 
 def test_no_private_name_is_imported_across_modules():
-    found = [line for path in MODULES.values() for line in _private_imports(path)]
+    found = [line for name, path in MODULES.items() for line in _private_imports(name, path)]
     assert not found, "\n".join(found)

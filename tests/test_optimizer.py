@@ -16,6 +16,7 @@ from rewrite.report import GraphReport
 from rewrite.optimizer import describe_schedule as describe_rulesets
 from rewrite.passes import dedup_constants, eliminate_dead_edges
 from rewrite.rules import default_rulesets
+from rewrite.unit import CompileUnit
 
 aten = torch.ops.aten
 S = sympy.Integer
@@ -27,7 +28,7 @@ def meta(*shape, dtype=torch.float32):
 
 def opt(graph, config=None):
     report = GraphReport(graph.name)
-    return optimize(graph, config or CompilerConfig(), report), report
+    return optimize(graph, CompileUnit.detached(graph.name, config or CompilerConfig(), report)), report
 
 
 def run(graph, *inputs):
@@ -255,7 +256,6 @@ def test_a_graph_headed_for_static_kernels_prices_the_fused_linear_with_the_run_
     from rewrite.cost import KernelTimes, calibration
     from rewrite.cost.model import RUN_SPLIT_DISPATCHES
     from rewrite.ops import FUSED_LINEARS
-    from rewrite.unit import CompileUnit
 
     gemm_s = 100e-6
     tanh_call_s = calibration.DEFAULT.families["pointwise"].overhead_s

@@ -15,6 +15,7 @@ from rewrite.optimizer import optimize
 from rewrite.report import GraphReport
 from rewrite.rules import algebra, default_rulesets, shape_ops
 from rewrite.testing import assert_equivalent, check_rule
+from rewrite.unit import CompileUnit
 
 aten = torch.ops.aten
 ALL_RULES = [r for rs in default_rulesets() for r in rs.rules]
@@ -84,7 +85,7 @@ def _call(g, target, *args, **kwargs):
 
 def _optimized(g):
     report = GraphReport("t")
-    return optimize(g, CompilerConfig(), report), report
+    return optimize(g, CompileUnit.detached(g.name, CompilerConfig(), report)), report
 
 
 def test_identities_disappear_and_values_match():

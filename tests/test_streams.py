@@ -15,6 +15,7 @@ import rewrite.scope as scope
 from rewrite.exec import build_executable
 from rewrite.exec import workers
 from rewrite.exec.streams import plan_streams
+from rewrite.unit import CompileUnit
 from rewrite.waits import StreamCycleError
 from rewrite.ir import Graph, TensorMeta
 
@@ -255,7 +256,7 @@ def test_stress_1000_calls_no_wrong_result_no_deadlock_no_leaked_thread():
 
 def test_concurrent_callers_do_not_share_workers_or_deadlock():
     g, _ = _two_stream_graph()
-    fn = build_executable(g, rewrite.CompilerConfig())
+    fn = build_executable(g, CompileUnit.detached(g.name, rewrite.CompilerConfig()))
     gen = torch.Generator().manual_seed(3)
     cases = [(torch.randn(32, 32, generator=gen), torch.randn(32, 32, generator=gen)) for _ in range(4)]
     wants = [x @ w + torch.relu(x) * 2 for x, w in cases]
@@ -279,7 +280,7 @@ def test_concurrent_callers_do_not_share_workers_or_deadlock():
 
 def test_worker_exception_propagates_to_the_caller_and_the_pool_recovers():
     g, _ = _two_stream_graph()
-    fn = build_executable(g, rewrite.CompilerConfig())
+    fn = build_executable(g, CompileUnit.detached(g.name, rewrite.CompilerConfig()))
     x, w = torch.randn(32, 32), torch.randn(32, 32)
     want = (x @ w + torch.relu(x) * 2, torch.relu(x) * 2)
     for a, b in zip(fn(x, w), want):
@@ -293,7 +294,7 @@ def test_worker_exception_propagates_to_the_caller_and_the_pool_recovers():
     g2.nodes.remove(bad)
     g2.nodes.insert(2, bad)
     c.args = (b, bad)
-    fn2 = build_executable(g2, rewrite.CompilerConfig())
+    fn2 = build_executable(g2, CompileUnit.detached(g2.name, rewrite.CompilerConfig()))
     with pytest.raises(RuntimeError, match="size of tensor"):
         _run_with_timeout(lambda: fn2(x, w, torch.randn(3)), timeout=30)
     # The pool still works after the failures.
@@ -334,7 +335,7 @@ def test_a_stuck_wait_fails_the_call_after_the_timeout_instead_of_hanging():
     g.set_output((b,))
     config = rewrite.CompilerConfig()
     config.exec.stream_timeout_s = 1e-4
-    fn = build_executable(g, config)
+    fn = build_executable(g, CompileUnit.detached(g.name, config))
     with pytest.raises(StreamTimeoutError, match="stream_timeout_s"):
         _run_with_timeout(lambda: fn(torch.randn(1024, 1024)), timeout=60)
 
@@ -361,7 +362,7 @@ def test_vector_clocks_drop_implied_waits():
     plan = plan_streams(g)
     assert [p.name for p in plan.waits_before[c.id]] == [b.name]
     assert d.id not in plan.waits_before
-    fn = build_executable(g, rewrite.CompilerConfig())
+    fn = build_executable(g, CompileUnit.detached(g.name, rewrite.CompilerConfig()))
     xv = torch.randn(8)
     torch.testing.assert_close(fn(xv)[0], xv.sin() * (xv.sin().cos() + xv))
 
@@ -389,14 +390,14 @@ def test_wait_that_creates_a_cycle_is_a_compile_error_naming_the_nodes():
     g, (a, b, c, d) = _two_stream_graph()
     b.waits = (d,)  # d reads c, which reads b: b cannot wait for d
     with pytest.raises(StreamCycleError, match=r"cycle: %\w+ -> .*%\w+") as info:
-        build_executable(g, rewrite.CompilerConfig())
+        build_executable(g, CompileUnit.detached(g.name, rewrite.CompilerConfig()))
     for node in (b, c, d):
         assert f"%{node.name}" in str(info.value)
     # The same cycle is an error on one stream too.
     config = rewrite.CompilerConfig()
     config.ge_config.enable_single_stream = True
     with pytest.raises(StreamCycleError):
-        build_executable(g, config)
+        build_executable(g, CompileUnit.detached(g.name, config))
 
 
 def test_unbalanced_scope_markers_are_errors():

@@ -20,7 +20,7 @@ import os
 import torch
 
 from ..ir import Graph
-from ..unit import CompileUnit, as_unit
+from ..unit import CompileUnit
 from ..waits import order_with_waits, resolve_waits
 from .codegen import compile_graph_to_python
 from .layouts import align_attention_biases
@@ -88,16 +88,15 @@ def stream_timeout_asked(config) -> bool:
     return config.exec.stream_timeout_s != ExecConfig.stream_timeout_s.default
 
 
-def build_executable(graph: Graph, unit: CompileUnit, report=None, program=None, show_code=None):
+def build_executable(graph: Graph, unit: CompileUnit, program=None, show_code=None):
     """Compile ``graph`` for execution with the kernel backend ``config.exec.kernels`` selects.
 
-    ``unit`` is the `CompileUnit` the graph belongs to; a graph built on its own passes a
-    ``CompilerConfig`` instead (with the report, if any, that collects its notes). ``program``: the
-    compiled function's `PlannedProgram` (`program_for`): in reduce-overhead mode static graphs get a
-    plan, in the default mode static graphs tier up after their first calls. ``show_code(source)``: the
-    driver's hook for the code a multi-stream graph runs per stream (its graph dump shows it).
+    ``unit`` is the `CompileUnit` the graph belongs to (a graph built on its own: `CompileUnit.detached`,
+    whose report collects its notes). ``program``: the compiled function's `PlannedProgram`
+    (`program_for`): in reduce-overhead mode static graphs get a plan, in the default mode static graphs
+    tier up after their first calls. ``show_code(source)``: the driver's hook for the code a
+    multi-stream graph runs per stream (its graph dump shows it).
     """
-    unit = as_unit(unit, graph.name, report)
     config, report, policy = unit.config, unit.report, unit.policy
     align_attention_biases(graph)  # the kernels' layouts, whichever executor runs the graph
     waits = resolve_waits(graph)

@@ -20,7 +20,7 @@ import time
 import sympy
 import torch
 
-from ..pipeline import build_callable
+from ..pipeline import Stages, build_callable
 from ..config import CompilerConfig
 from ..fx_bridge import CompileError
 from ..gears import GearError
@@ -140,7 +140,7 @@ class ExportedModel:
         # As a compiled model (one assembly, rewrite.pipeline): reduce-overhead plans every gear now,
         # the default mode tiers up later.
         gears = self._gears if self.use_gears else None
-        return build_callable(self.graph, unit, gears, self.gear_graphs)
+        return build_callable(self.graph, Stages.for_unit(unit), gears, self.gear_graphs)
 
     def _input_checks(self):
         checks = []

@@ -1,4 +1,4 @@
-"""The library's rulesets as one value (`LIBRARY`, in the order the schedule runs them) and what a compile does
+"""The library's rulesets as one value (`LIBRARY`, in the order the schedule runs them: its one home) and what a compile does
 with them: users' rulesets checked (`check_user_rulesets`), rules switched off by name (`without`), the rules
 this build leaves out (`left_out`)."""
 from __future__ import annotations
@@ -11,9 +11,11 @@ from ..config import ConfigError, RulesConfig
 from ..dsl import RuleSet
 from . import algebra, fused, gemm, shape_ops
 
-__all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "family_of", "left_out"]
+__all__ = ["LIBRARY", "default_rulesets", "check_user_rulesets", "without", "ruleset_family", "left_out"]
 
-# Shape ops first: they expose algebra matches; GEMM rules and fused kernels see the cleaned graph.
+# The order of the saturation (`rewrite.optimizer.SCHEDULE` runs LIBRARY as it stands): the modules in this order,
+# each module's RULESETS in its own. Shape ops first: they expose algebra matches; GEMM rules and fused kernels see
+# the cleaned graph.
 _MODULES = (shape_ops, algebra, gemm, fused)
 LIBRARY: tuple[RuleSet, ...] = tuple(rs for module in _MODULES for rs in module.RULESETS)
 
@@ -42,7 +44,7 @@ def check_user_rulesets(extra) -> list[RuleSet]:
     return extra
 
 
-def family_of(ruleset_name: str) -> str:
+def ruleset_family(ruleset_name: str) -> str:
     """A ruleset's family: its name up to the first dot (``gemm.merge_parallel`` -> ``gemm``)."""
     return ruleset_name.split(".", 1)[0]
 
@@ -51,8 +53,9 @@ _derived: dict = {}  # (id of the ruleset, names removed) -> (the ruleset, the c
 _derived_lock = threading.Lock()
 
 
-def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
-    """``rulesets`` minus what ``disabled`` names: rule names, ruleset names or families.
+def without(runs: list, disabled) -> list:
+    """``runs`` ((RuleSet, iterations) pairs) minus what ``disabled`` names: rule names, ruleset names or families.
+    A ruleset left with some of its rules becomes a copy without the others, paired with its own count.
 
     Raises ConfigError for a name that is none of these, listing the families and rulesets (and
     rule names close to it). The same rulesets and names give the same objects back, so the
@@ -60,8 +63,9 @@ def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
     """
     disabled = set(disabled)
     if not disabled:
-        return list(rulesets)
-    families = {family_of(rs.name) for rs in rulesets}
+        return list(runs)
+    rulesets = [rs for rs, _ in runs]
+    families = {ruleset_family(rs.name) for rs in rulesets}
     names = {rs.name for rs in rulesets}
     rules = {r.name for rs in rulesets for r in rs.rules}
     unknown = sorted(disabled - families - names - rules)
@@ -72,17 +76,17 @@ def without(rulesets: list[RuleSet], disabled) -> list[RuleSet]:
             f"{sorted(families)}; rulesets: {sorted(names)}; rules: the {len(rules)} names `python -m rewrite rules` "
             f"lists" + (f" (close: {close})" if close else ""))
     out = []
-    for rs in rulesets:
-        if rs.name in disabled or family_of(rs.name) in disabled:
+    for rs, iterations in runs:
+        if rs.name in disabled or ruleset_family(rs.name) in disabled:
             continue
         removed = frozenset(r.name for r in rs.rules if r.name in disabled)
         if not removed:
-            out.append(rs)
+            out.append((rs, iterations))
             continue
         key = (id(rs), removed)
         with _derived_lock:
             entry = _derived.get(key)
             if entry is None or entry[0] is not rs:
                 entry = _derived[key] = (rs, dataclasses.replace(rs, rules=[r for r in rs.rules if r.name not in removed]))
-        out.append(entry[1])
+        out.append((entry[1], iterations))
     return out
