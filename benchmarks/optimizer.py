@@ -41,6 +41,7 @@ from rewrite.explain import explain
 from rewrite.ir import Graph, TensorMeta
 from rewrite.optimizer import optimize
 from rewrite.report import GraphReport
+from rewrite.unit import CompileUnit
 from rewrite.rules import default_rulesets
 
 aten = torch.ops.aten
@@ -72,7 +73,7 @@ def run_synthetic(n: int) -> dict:
     g = synthetic(n)
     report = GraphReport(g.name)
     t0 = time.perf_counter()
-    out = optimize(g, CompilerConfig(), report)
+    out = optimize(g, CompileUnit.detached(g.name, CompilerConfig(), report))
     total = time.perf_counter() - t0
     row = {"graph": f"synthetic {n // 1000}k", "nodes": len(g.nodes), "ops_before": g.num_ops(),
            "ops_after": out.num_ops(), "total": total, "note": "; ".join(report.notes)}
@@ -264,7 +265,7 @@ def main() -> None:
             record_section("optimizer-latency", section)
     if not args.sizes and not args.models:
         return
-    optimize(synthetic(100), CompilerConfig(), GraphReport("warmup"))  # declare the rules once
+    optimize(synthetic(100), CompileUnit.detached("warmup", CompilerConfig(), GraphReport("warmup")))  # declare the rules once
 
     rows = [run_synthetic(int(n)) for n in args.sizes.split(",") if n]
     rows += [run_model(m) for m in args.models.split(",") if m]

@@ -34,7 +34,6 @@ import gc
 import logging
 import threading
 
-from .config import CompilerConfig
 from .cost import SYMBOL_SIZE, current, for_static_kernels, graph_cost
 from .dsl import RuleSet
 from .egraph import Limits, run_egraph
@@ -42,9 +41,8 @@ from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
 from .passes import (CHANNELS_LAST, COMPUTED_RULES, DEAD_EDGE, DEDUP, FOLD, FOLD_SIZES, FRESH_OUTPUTS, PRUNE, REINPLACE,
                      VIEWS_AS_RESHAPES, Pass, Step)
-from .report import GraphReport
 from .rules import LIBRARY, algebra, check_user_rulesets, gemm, left_out, without
-from .unit import CompileUnit, as_unit
+from .unit import CompileUnit
 
 log = logging.getLogger("rewrite")
 
@@ -130,10 +128,9 @@ SCHEDULE = Schedule(
 )
 
 
-def optimize(graph: Graph, unit: CompileUnit | CompilerConfig, report: GraphReport | None = None) -> Graph:
-    """The schedule on a copy of ``graph`` for ``unit`` (a `CompileUnit`; a config makes a detached one
-    with ``report``); records the predicted cost before and after in the unit's report."""
-    unit = as_unit(unit, graph.name, report)
+def optimize(graph: Graph, unit: CompileUnit) -> Graph:
+    """The schedule on a copy of ``graph`` for ``unit``; records the predicted cost before and after in the unit's
+    report (a graph built outside the backend: `CompileUnit.detached`)."""
     if not unit.config.rules.enabled:
         return graph
     with _cyclic_gc_paused(), for_static_kernels(unit.policy.static_kernels):

@@ -22,7 +22,7 @@ from .ledger import Ledger
 from .policy import ExecutionPolicy, resolve_policy
 from .report import CompileReport, GraphReport
 
-__all__ = ["CompileUnit", "Origin", "KINDS", "as_unit"]
+__all__ = ["CompileUnit", "Origin", "KINDS"]
 
 KINDS = ("forward", "backward", "inference")
 
@@ -75,9 +75,3 @@ class CompileUnit:
         """A unit for a graph built outside the backend."""
         return cls(name, number, "inference", config, report)
 
-
-def as_unit(unit_or_config, name: str, report: GraphReport | None = None) -> CompileUnit:
-    """``unit_or_config`` when it is a unit; a config (with an optional report) makes a detached unit."""
-    if isinstance(unit_or_config, CompileUnit):
-        return unit_or_config
-    return CompileUnit.detached(name, unit_or_config, report)
