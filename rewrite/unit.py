@@ -74,4 +74,3 @@ class CompileUnit:
                  number: int = 0) -> "CompileUnit":
         """A unit for a graph built outside the backend."""
         return cls(name, number, "inference", config, report)
-

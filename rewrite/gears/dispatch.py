@@ -228,8 +228,7 @@ class GearDispatcher:
         from .spec import GearError
 
         seconds = predicted_seconds(list(self.table), self.latency.measured(), self._elements)
-        larger = [g for g in self.table if all(v == k or (v > k and self.padder.can_pad(p))
-                                               for p, (v, k) in enumerate(zip(g, key)))]
+        larger = [g for g in self.table if self._holds(g, key, range(len(key)))]
         best = min(((seconds[g], None, g, None) for g in larger), default=None)  # (seconds, axis, plan, elsewhere)
         for axis in self._axes:
             if not all(self.padder.can_split(p) for p in axis) or len({self.padder.plan_of(p) for p in axis}) > 1:
@@ -238,7 +237,7 @@ class GearDispatcher:
             rest = [p for p in range(len(key)) if p not in axis]
             by_rest: dict = {}
             for g in self.table:
-                if all(g[p] == key[p] or (g[p] > key[p] and self.padder.can_pad(p)) for p in rest):
+                if self._holds(g, key, rest):
                     by_rest.setdefault(tuple(g[p] for p in rest), {})[g[axis[0]]] = seconds[g]
             for elsewhere, sizes in by_rest.items():
                 plan = plan_fit(key[axis[0]], list(sizes), sizes)
@@ -283,12 +282,15 @@ class GearDispatcher:
         several symbols, a model's input_ids and attention_mask batch, counted once)."""
         return math.prod(key[group[0]] for group in self._axes)
 
+    def _holds(self, gear: tuple, key: tuple, positions) -> bool:
+        """``gear`` holds a call of ``key`` at ``positions``: the same size, or larger where that size may pad."""
+        return all(gear[p] == key[p] or (gear[p] > key[p] and self.padder.can_pad(p)) for p in positions)
+
     def _smallest_larger(self, key: tuple):
         """The gear with the fewest elements that is >= key everywhere (equal where padding is not allowed)."""
         best, best_size = None, None
         for gear in self.table:
-            ok = all(g == k or (g > k and self.padder.can_pad(i)) for i, (g, k) in enumerate(zip(gear, key)))
-            if ok:
+            if self._holds(gear, key, range(len(key))):
                 size = 1
                 for g in gear:
                     size *= g
