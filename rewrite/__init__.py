@@ -8,22 +8,10 @@ See docs/design.md for the architecture; `rewrite.explain` shows what the compil
 from __future__ import annotations
 
 import importlib
-import logging
 
+from . import logs  # noqa: F401  (rewrite's and egglog's loggers as `import rewrite` leaves them)
 from .config import CompilerConfig, ConfigError
 from .fx_bridge import CompileError
-
-logging.getLogger("rewrite").addHandler(logging.NullHandler())
-
-# egglog logs every rule application at INFO (about 19,000 lines for a 2-layer MLP, 459,000 for the
-# demo) under its own loggers, drowning rewrite's report at `logging.basicConfig(level=INFO)` or
-# `python -m rewrite -v`. They start at WARNING unless the user has set a level on them;
-# `logging.getLogger("egglog").setLevel(logging.INFO)` before the first compile (or
-# `python -m rewrite -vv`) shows them again.
-EGGLOG_LOGGERS = ("egglog", "egglog.egraph")
-for _name in EGGLOG_LOGGERS:
-    if logging.getLogger(_name).level == logging.NOTSET:
-        logging.getLogger(_name).setLevel(logging.WARNING)
 
 __all__ = [
     "get_backend",

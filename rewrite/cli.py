@@ -245,8 +245,8 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s %(levelname)s: %(message)s")
-    if args.verbose >= 2:  # `import rewrite` sets egglog's loggers to WARNING (see rewrite/__init__.py)
-        from . import EGGLOG_LOGGERS
+    if args.verbose >= 2:  # `import rewrite` sets egglog's loggers to WARNING (rewrite.logs)
+        from .logs import EGGLOG_LOGGERS
 
         for name in EGGLOG_LOGGERS:
             logging.getLogger(name).setLevel(logging.INFO)

@@ -31,7 +31,7 @@ def stats(compiled) -> Stats:
                         f"{type(compiled).__name__}{inside}")
     from torch._dynamo.eval_frame import innermost_backend
 
-    from .compat import npugraph_ex as npugraph_ex_entry  # compat/ is below this layer: imported when needed
+    from .compat.entry_point import npugraph_ex as npugraph_ex_entry  # compat/ is below this layer: imported when needed
 
     inner = innermost_backend(callback)
     backend = getattr(inner, "compiler_fn", inner)
@@ -175,7 +175,7 @@ def _unwrap_compiled(obj, config_given: bool):
         from .backend import torch_compile_config
 
         return original, RewriteBackend(torch_compile_config(options.get("mode"), options.get("options")))
-    from .compat import npugraph_ex as npugraph_ex_entry  # compat/ is below this layer: imported when needed
+    from .compat.entry_point import npugraph_ex as npugraph_ex_entry  # compat/ is below this layer: imported when needed
 
     if fn is npugraph_ex_entry or getattr(fn, "__name__", "") == "npugraph_ex" \
             and getattr(fn, "__module__", "").startswith("rewrite."):

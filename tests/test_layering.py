@@ -290,3 +290,45 @@ def _private_imports(name: str, path: str) -> list[str]:
 def test_no_private_name_is_imported_across_modules():
     found = [line for name, path in MODULES.items() for line in _private_imports(name, path)]
     assert not found, "\n".join(found)
+
+
+def _face_statements(path: str) -> list[str]:
+    """What a package's __init__.py holds besides its guide (the docstring), its imports and ``__all__``; a face
+    may load its re-exports on first use (PEP 562: ``__getattr__`` and the table of names it loads)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    lazy = any(isinstance(s, ast.FunctionDef) and s.name == "__getattr__" for s in tree.body)
+    out = []
+    for i, st in enumerate(tree.body):
+        if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
+            continue  # the guide
+        if isinstance(st, (ast.Import, ast.ImportFrom)):
+            continue
+        targets = [getattr(t, "id", None) for t in st.targets] if isinstance(st, ast.Assign) else []
+        if targets == ["__all__"]:
+            continue
+        if lazy and (isinstance(st, ast.FunctionDef) and st.name == "__getattr__"
+                     or isinstance(st, ast.Assign) and isinstance(st.value, ast.Dict)):
+            continue
+        out.append(f"{os.path.relpath(path, REPO)}:{st.lineno}: {ast.unparse(st).splitlines()[0]}")
+    return out
+
+
+def test_package_faces_hold_only_re_exports_and_a_guide():
+    found = [line for path in MODULES.values() if path.endswith("__init__.py") for line in _face_statements(path)]
+    assert not found, "a package's __init__.py holds more than its guide, imports and __all__:\n" + "\n".join(found)
+
+
+def test_the_face_check_catches_code():
+    """The measurement: code in a face is found (a function, a call, a loop); a guide, imports, __all__ and a lazy
+    loader are not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "__init__.py")
+        with open(path, "w") as f:
+            f.write('"""guide"""\nimport os\n__all__ = ["f"]\ndef f():\n    pass\nos.getcwd()\nfor x in ():\n    pass\n')
+        assert len(_face_statements(path)) == 3
+        with open(path, "w") as f:
+            f.write('"""guide"""\n__all__ = ["f"]\n_LAZY = {"f": ("m", "f")}\ndef __getattr__(name):\n    pass\n')
+        assert _face_statements(path) == []

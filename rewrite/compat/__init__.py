@@ -1,18 +1,11 @@
-"""Porting aids for scripts written against other graph compilers."""
+"""Porting aids for scripts written against other graph compilers.
+
+* `torchair`: TorchAir's names (``get_npu_backend``, ``CompilerConfig``'s TorchAir fields, ``npugraph_ex``);
+  importing it registers the ``npugraph_ex`` backend name;
+* `entry_point`: the ``npugraph_ex`` backend as pyproject.toml's ``torch_dynamo_backends`` entry point names it.
+"""
 from __future__ import annotations
 
+from .entry_point import npugraph_ex
+
 __all__ = ["npugraph_ex"]
-
-
-def npugraph_ex(gm, example_inputs, options: dict | None = None):
-    """``torch.compile(model, backend="npugraph_ex", options={...})`` without importing anything first.
-
-    pyproject.toml names this function under the ``torch_dynamo_backends`` entry points, so Dynamo
-    finds the name in any process where rewrite is installed (as torch_npu registers it). It lives
-    here, not in `rewrite.compat.torchair`, because importing that module registers the name itself
-    (for checkouts that are not installed), and Dynamo registers what an entry point loads: loading
-    torchair through the entry point would register the name twice.
-    """
-    from .torchair import npugraph_ex as backend
-
-    return backend(gm, example_inputs, options=options)

@@ -35,9 +35,7 @@ Checking a rule of your own::
 ``python -m rewrite check-rules mypkg.my_rules`` does the same for every rule of a module, and
 ``python -m rewrite check-pass mypkg.passes:my_pass`` checks an FX pass (see `check_fx_pass`).
 """
-from ..extras import require
-
-require("hypothesis", "rewrite.testing")  # before the submodules import it: the error names the extra
+from . import needs  # noqa: F401  (first: without hypothesis, the error names the extra that installs it)
 
 from .equivalence import (
     assert_equivalent, compare_outputs, compare_tensors, describe_inputs, input_aliases, run_graph, tolerance,
