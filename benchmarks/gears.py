@@ -250,8 +250,10 @@ then served interleaved: every chunk of 50 requests is served by each contender 
 the ratios are side by side and a slow stretch of the machine falls on all alike):
 
 * ``eager``: the model as it is (reference);
-* ``planned gears``: rewrite with the planned gears, ``gear_fallback="pad"`` (rewrite's defaults otherwise: frozen
-  inference weights, tier-up);
+* ``planned gears``: rewrite with the planned gears, ``gear_fallback="fit"`` (a batch that is no gear is padded up
+  to one or split into several gears' calls, whichever their measured latency says is cheaper; past the largest
+  gear it is split, where ``"pad"`` ran the dynamic graph) and rewrite's defaults otherwise (frozen inference
+  weights, tier-up);
 * ``pow2 ladder``: the same with the gears 1, 2, 4, ... up to the largest size (what vLLM-style ladders capture);
 * ``inductor dynamic``: ``torch.compile(dynamic=True)`` (one symbolic graph; Dynamo specializes batch 1);
 * ``inductor dynamic frozen``: the same with ``freezing`` and ``cpp_wrapper`` (Inductor's best CPU inference setting);
@@ -338,7 +340,7 @@ def _build_contender(contender: str, tag: str, model, gears, first_input):
     if contender == "eager":
         return model
     if contender in ("planned gears", "pow2 ladder"):
-        config.inference_config.gear_fallback = "pad"
+        config.inference_config.gear_fallback = "fit"
         fn = torch.compile(call, backend=rewrite.get_backend(config), fullgraph=True)
         rewrite.inference.set_dim_gears(first_input, {0: list(gears)})
         return fn
