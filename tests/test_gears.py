@@ -644,6 +644,41 @@ def test_fit_chooses_between_padding_and_splitting_by_the_measured_latency():
     assert plan_fit(37, [1, 4, 8, 32], {1: 3.0, 4: 5.0, 8: 6.0, 32: 20.0}).parts == ((32, 32), (5, 8))
 
 
+
+def test_gears_are_priced_by_their_measurements_and_a_robust_line_through_them():
+    from rewrite.gears.fit import predicted_seconds
+
+    rows = lambda g: g[0]  # noqa: E731
+    gears = [(1,), (2,), (4,), (8,), (16,)]
+    # on a line (1 ms per call + 1 ms per row): the unmeasured gear is priced on it
+    on_line = {(1,): 2.0, (2,): 3.0, (8,): 9.0, (16,): 17.0}
+    assert predicted_seconds(gears, on_line, rows)[(4,)] == pytest.approx(5.0)
+    # one slow measurement at either end moves the price little (a line through the two ends prices 4 rows at
+    # 10.1 when 16 rows measured 40); measured gears keep their own figure
+    seconds = predicted_seconds(gears, {**on_line, (16,): 40.0}, rows)
+    assert seconds[(4,)] <= 7.0 and seconds[(16,)] == 40.0
+    assert predicted_seconds(gears, {**on_line, (1,): 10.0}, rows)[(4,)] <= 7.5
+    # never a negative fixed cost: through the origin instead
+    assert predicted_seconds(gears, {(1,): 0.5, (16,): 20.0, (8,): 10.0}, rows)[(4,)] == pytest.approx(5.0)
+    # a gear measured a few times only (GearLatency.unsettled) is priced at the lower of its figure and the line's
+    from rewrite.gears.fit import GearLatency
+
+    latency = GearLatency()
+    for _ in range(3):  # the first two calls (warm-up) are not measured
+        latency.record((4,), 0.03)
+    assert latency.measured() == {(4,): 0.03} and latency.unsettled() == {(4,)}
+    for _ in range(16):  # a full window of calls
+        latency.record((4,), 0.02)
+    assert latency.measured() == {(4,): 0.02} and latency.unsettled() == set()
+    seconds = predicted_seconds(gears, {**on_line, (4,): 30.0}, rows, unsettled={(4,)})
+    assert seconds[(4,)] == pytest.approx(5.0)
+    assert predicted_seconds(gears, {**on_line, (4,): 30.0}, rows)[(4,)] == 30.0  # settled: its own figure
+    assert predicted_seconds(gears, {**on_line, (4,): 3.0}, rows, unsettled={(4,)})[(4,)] == 3.0
+    # one measurement: its fixed cost an eighth of its work; none: rows, with an eighth of the largest as fixed
+    assert predicted_seconds(gears, {(8,): 9.0}, rows)[(16,)] == pytest.approx(1.0 + 16.0)
+    assert predicted_seconds(gears, {}, rows)[(4,)] == pytest.approx(2.0 + 4.0)
+
+
 # -- the sequence proof: padded keys masked out, or refused ----------------------------------------------
 
 def _sdpa(q, mask=None, causal=False):

@@ -122,7 +122,7 @@ class GearDispatcher:
         """The gear calls (`rewrite.gears.regroup.Run`) a call runs as, or None to run it as it is. Every call no gear
         serves is planned here too (even with no padding to skip): the plan weighs every sequence gear that holds it,
         where the fallback pads to the smallest."""
-        from .fit import REDECIDE_EVERY, predicted_seconds
+        from .fit import REDECIDE_EVERY
 
         rg = self.regrouper
         b, n = key[rg.batch[0]], key[rg.seq[0]]
@@ -131,11 +131,7 @@ class GearDispatcher:
             return None  # a gear's own call, no row padded at its end: runs as it is
         self._regroup_calls += 1
         version = (self.latency.version if self.latency is not None else 0, self._regroup_calls // REDECIDE_EVERY)
-
-        def seconds() -> dict:
-            measured = self.latency.measured() if self.latency is not None else {}
-            return predicted_seconds(list(self.table), measured, self._elements)
-        cost = rg.costs(key, version, seconds, self.fallback == "fit")
+        cost = rg.costs(key, version, self._predicted, self.fallback == "fit")
         runs = rg.plan(lengths, key, cost)
         if runs is None or self.ledger is None:
             return runs
@@ -224,10 +220,10 @@ class GearDispatcher:
     def _fit(self, key: tuple):
         """The cheapest of padding to one gear and splitting along one gear axis (each other size padded up to some
         gear's), by the gears' measured latency (`rewrite.gears.fit`); None when neither is possible."""
-        from .fit import Splitter, plan_fit, predicted_seconds
+        from .fit import Splitter, plan_fit
         from .spec import GearError
 
-        seconds = predicted_seconds(list(self.table), self.latency.measured(), self._elements)
+        seconds = self._predicted()
         larger = [g for g in self.table if self._holds(g, key, range(len(key)))]
         best = min(((seconds[g], None, g, None) for g in larger), default=None)  # (seconds, axis, plan, elsewhere)
         for axis in self._axes:
@@ -276,6 +272,14 @@ class GearDispatcher:
                 return latency.timed(gear, padded_fn, args)
         padded = self._elements(gear) - self._elements(key)
         return ("pads", fn, padded, f"{self._describe(key)} was padded by {padded} elements to a gear")
+
+    def _predicted(self) -> dict:
+        """Each gear's predicted seconds (`rewrite.gears.fit.predicted_seconds`) from what was measured so far."""
+        from .fit import predicted_seconds
+
+        if self.latency is None:
+            return predicted_seconds(list(self.table), {}, self._elements)
+        return predicted_seconds(list(self.table), self.latency.measured(), self._elements, self.latency.unsettled())
 
     def _elements(self, key: tuple) -> int:
         """The elements a call of ``key`` runs: the product of its gear axes' sizes (one gear axis the trace kept as

@@ -9,14 +9,17 @@ the largest gear only splitting serves a call at all.
 
 The choice is made by the latency each gear was measured to take, on the calls it served (`GearLatency`:
 the least of its last few calls, timed only when the fallback is "fit"); a gear not measured yet is priced from
-the measured ones by rows (a fixed cost per call plus a cost per row, fitted to them), or, before any
-measurement, as its rows plus an eighth of the largest gear's (the fixed cost of a call). Decisions are
-cached per size and made again as measurements come in.
+the measured ones by rows (a fixed cost per call plus a cost per row, fitted to them robustly, so that one slow
+figure moves it little), or, before any measurement, as its rows plus an eighth of the largest gear's (the fixed
+cost of a call). A gear measured only a few times is priced at the lower of its figure and the fitted one, so
+that one busy moment does not keep it out of every plan (and so from being timed again). Decisions are cached
+per size and made again as measurements come in.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import statistics
 import threading
 import time
 
@@ -67,21 +70,42 @@ class GearLatency:
         with self._lock:
             return {g: min(r) for g, r in self._recent.items()}
 
+    def unsettled(self) -> set:
+        """The measured gears with fewer than `_WINDOW` measurements: their least may still be a busy moment's."""
+        with self._lock:
+            return {g for g, r in self._recent.items() if len(r) < _WINDOW}
 
-def predicted_seconds(gears: list, measured: dict, rows_of) -> dict:
-    """Each gear's predicted seconds: measured, else fitted from the measured ones (fixed + per-row cost)."""
-    points = sorted((rows_of(g), t) for g, t in measured.items() if g in gears)
-    if len(points) >= 2:
-        (r0, t0), (r1, t1) = points[0], points[-1]
-        per_row = max((t1 - t0) / (r1 - r0), 0.0) if r1 != r0 else t1 / max(r1, 1)
-        fixed = max(t0 - per_row * r0, 0.0)
-    elif len(points) == 1:
-        r0, t0 = points[0]
-        fixed, per_row = t0 / 9, (t0 - t0 / 9) / max(r0, 1)  # a call's fixed cost taken as 1/8 of its work
-    else:
-        largest = max(rows_of(g) for g in gears)
-        fixed, per_row = largest / 8, 1.0
-    return {g: measured.get(g, fixed + per_row * rows_of(g)) for g in gears}
+
+def predicted_seconds(gears: list, measured: dict, rows_of, unsettled=frozenset()) -> dict:
+    """Each gear's predicted seconds: measured, else fitted from the measured ones (fixed + per-row cost). A gear
+    in ``unsettled`` (measured a few times only) is priced at the lower of its figure and the fit's: a gear timed
+    once while the machine was busy would otherwise be avoided, and so never timed again."""
+    fixed, per_row = _line([(rows_of(g), t) for g, t in measured.items() if g in gears],
+                           max((rows_of(g) for g in gears), default=1))
+    fitted = {g: fixed + per_row * rows_of(g) for g in gears}
+    return {g: min(measured[g], fitted[g]) if g in unsettled and g in measured else measured.get(g, fitted[g])
+            for g in gears}
+
+
+def _line(points: list, largest: int) -> tuple[float, float]:
+    """(fixed seconds per call, seconds per row) fitted to measured (rows, seconds) points: the median of the
+    slopes between every two points and the median of what each point leaves for the fixed cost (Theil-Sen). A
+    gear measured only while the machine was busy keeps a slow figure for long; a line through the two extremes,
+    or least squares, let one such figure at either end price every unmeasured gear. Neither cost is negative
+    (a negative fixed cost: a line through the origin instead). One point: a call's fixed cost taken as an eighth
+    of its work; none: rows themselves, with an eighth of the largest gear's as the fixed cost."""
+    slopes = [(t1 - t0) / (r1 - r0) for i, (r0, t0) in enumerate(points) for r1, t1 in points[i + 1:] if r1 != r0]
+    if slopes:
+        per_row = max(statistics.median(slopes), 0.0)
+        fixed = statistics.median(t - per_row * r for r, t in points)
+        if fixed < 0:
+            fixed, per_row = 0.0, statistics.median(t / max(r, 1) for r, t in points)
+        return fixed, per_row
+    if points:
+        r0 = max(r for r, _ in points)
+        t0 = min(t for r, t in points if r == r0)
+        return t0 / 9, (t0 - t0 / 9) / max(r0, 1)
+    return largest / 8, 1.0
 
 
 @dataclasses.dataclass(frozen=True)
