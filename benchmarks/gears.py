@@ -242,8 +242,9 @@ each request is one batch of ``--seq`` tokens; its batch size comes from the tra
 
 The first half of a trace is the traffic the user recorded; the second half is served. Planning: the
 model is compiled with rewrite and ``dynamic=True`` and run over the first half inside
-``rewrite.gears.recording()``; the same compiled function then measures the latency at each recorded size
-(`measure_latency`, median of 5), and ``plan_gears(rec, latency=..., max_gears=16, max_waste=0.10)`` picks
+``rewrite.gears.recording()``; then the static gears' own latency is measured on a power-of-two ladder up to the
+largest recorded size (rewrite with those gears, each past its tier-up; `measure_latency`, median of 5; the
+planner interpolates between), and ``plan_gears(rec, latency=..., max_gears=16, max_waste=0.10)`` picks
 (``--max-waste`` sets another bound; a run with it is printed, not recorded)
 the gears. Contenders, all serving the second half in one fresh process per trace (built one after another,
 then served interleaved: every chunk of 50 requests is served by each contender in turn, the order rotating, so
@@ -313,8 +314,10 @@ def _traffic_inputs(model_name: str, sizes, seq: int) -> dict:
 
 
 def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool, max_waste: float = 0.10):
-    """Record the first half through a dynamic=True rewrite compile; measure its latency per size; plan."""
-    from rewrite.gears import measure_latency, plan_gears, recording
+    """Record the first half through a dynamic=True rewrite compile; measure the static gears' latency on a
+    power-of-two ladder (interpolated between); plan."""
+    from rewrite.exec.background import wait_for_builds
+    from rewrite.gears import measure_latency, plan_gears, power_of_two_ladder, recording
 
     torch._dynamo.reset()
     model = _load(model_name)
@@ -327,7 +330,19 @@ def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick:
         with recording() as rec:
             for b in first_half:
                 fn(inputs[b])
-        latency = measure_latency(fn, inputs.__getitem__, sorted(inputs), repeat=1 if quick else 5, warmup=1)
+        # What serves the plan is static gears, so the plan is priced by theirs (issue 50): the dynamic graph's
+        # latency is another curve (Dynamo specializes batch 1, and its noise, made non-decreasing, priced batch 1
+        # like 6, so a plan padded a fifth of the requests sixfold). A ladder of gears, each past its tier-up.
+        torch._dynamo.reset()
+        ladder = power_of_two_ladder(max(first_half))
+        sized = _traffic_inputs(model_name, ladder, seq)
+        geared = _build_contender("pow2 ladder", "ladder", model, ladder, sized[ladder[-1]])
+        geared(sized[ladder[-1]])  # traced at the largest gear: the input the gears were set on
+        for b in ladder:
+            for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):
+                geared(sized[b])
+        wait_for_builds()
+        latency = measure_latency(geared, sized.__getitem__, ladder, repeat=1 if quick else 5, warmup=1)
     record_s = time.perf_counter() - t0
     plan = plan_gears(rec, latency=latency, max_gears=16, max_waste=max_waste)
     torch._dynamo.reset()
