@@ -337,9 +337,9 @@ def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick:
         ladder = power_of_two_ladder(max(first_half))
         sized = _traffic_inputs(model_name, ladder, seq)
         geared = _build_contender("pow2 ladder", "ladder", model, ladder, sized[ladder[-1]])
-        geared(sized[ladder[-1]])  # traced at the largest gear: the input the gears were set on
-        for b in ladder:
-            for _ in range(rewrite.CompilerConfig().exec.tier_up_calls + 2):
+        warm_calls = rewrite.CompilerConfig().exec.tier_up_calls + 2
+        for b in reversed(ladder):  # the first call at the largest gear, the input the gears were set on
+            for _ in range(warm_calls):
                 geared(sized[b])
         wait_for_builds()
         latency = measure_latency(geared, sized.__getitem__, ladder, repeat=1 if quick else 5, warmup=1)
