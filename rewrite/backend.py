@@ -37,7 +37,7 @@ from .pipeline import Stages, build_callable
 from .policy import check_config, resolve_policy
 from .report import CompileReport
 from .scope import annotate_streams
-from .shape.size_inputs import read_sizes_from_tensors
+from .shape.size_inputs import merge_lifted_sizes, read_sizes_from_tensors
 from .subclasses import flatten_inputs
 from .unit import CompileUnit, Origin
 from .user_passes import run_post_pass, run_pre_pass
@@ -112,6 +112,17 @@ class RewriteBackend:
         return self
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        # Sizes Dynamo lifted from tensor inputs are read from those tensors (TorchAir's size-input merge):
+        # every later stage numbers the inputs the graph keeps, and the result picks them out of Dynamo's call.
+        merged = merge_lifted_sizes(gm, list(example_inputs), dynamo_input_names(gm, len(example_inputs)))
+        if merged is None:
+            return self.compile_dynamo_graph(gm, example_inputs)
+        log.info("Dynamo graph: %d size inputs are read from the tensors that carry them",
+                 len(example_inputs) - len(merged.kept))
+        return merged.calling(self.compile_dynamo_graph(merged.gm, merged.example_inputs))
+
+    def compile_dynamo_graph(self, gm: torch.fx.GraphModule, example_inputs):
+        """The compiled function of Dynamo graph ``gm`` (after `merge_lifted_sizes`), called with its inputs."""
         number = next(_graph_numbers)
         gear_spec = rgears.collect_gear_specs(example_inputs, self.config, gm)
         frame = dynamo_code()  # the user's function Dynamo is compiling (None outside Dynamo)

@@ -150,6 +150,26 @@ def test_an_output_that_became_the_input_is_returned_as_a_fresh_tensor():
     assert_equivalent(g, after, exact=True, check_aliasing=True)
 
 
+def test_sizes_returned_twice_after_cse_stay_numbers():
+    """A training forward returns sizes for its backward (aten.sym_size.int of two tensors whose dims are one
+    symbol). Once CSE made them one node, the two positions share a number, never a clone (issue 51: aten.clone
+    of an int failed at run time)."""
+    from rewrite.ir import SymbolInfo, SymMeta
+    from rewrite.passes.boundary import keep_outputs_fresh
+
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    before = Graph("t")
+    a = before.placeholder("a", TensorMeta(torch.float32, (s0, sympy.Integer(4))))
+    before.symbols[s0] = SymbolInfo(0, 0)
+    r = before.call(aten.relu.default, (a,), meta=a.meta)
+    sizes = [before.call(aten.sym_size.int, (t, 0), meta=SymMeta(s0, int)) for t in (a, r)]
+    before.set_output((r, *sizes))
+    after = before.copy()
+    after.set_output((after.outputs[0], after.outputs[1], after.outputs[1]))  # what CSE does to the two sizes
+    assert keep_outputs_fresh(before, after) == 0
+    assert [n.op for n in after.outputs[1:]] == ["aten.sym_size.int"] * 2
+
+
 def test_compiled_identity_does_not_alias_or_see_a_later_input_mutation():
     def f(t):
         y = t * 1

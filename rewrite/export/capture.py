@@ -42,14 +42,14 @@ class _CaptureBackend(RewriteBackend):
         super().__init__(config, decompositions=decompositions)
         self.graphs: list[dict] = []
 
-    def __call__(self, gm, example_inputs):
+    def compile_dynamo_graph(self, gm, example_inputs):
         sources = dynamo_input_names(gm)
         # The optimized graph's inputs are AOTAutograd's: tensor subclasses (DTensor weights) flattened.
         flat = flatten_inputs(list(example_inputs), sources)
         entry = ({"example_inputs": list(example_inputs), "sources": sources} if flat is None
                  else {"example_inputs": flat[0], "sources": flat[1]})
         self.graphs.append(entry)
-        compiled = super().__call__(gm, example_inputs)
+        compiled = super().compile_dynamo_graph(gm, example_inputs)
 
         def run(*args):
             out = compiled(*args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Graph, Node, iter_nodes, map_nodes
+from ..ir import Graph, Node, TensorMeta, iter_nodes, map_nodes
 from ..ops import returns_view
 from .pass_type import Pass, Step
 
@@ -55,6 +55,8 @@ def keep_outputs_fresh(before: Graph, after: Graph) -> int:
     clones: dict[tuple, Node] = {}  # (new node id, original node id) -> its clone
     chosen: dict[int, Node] = {}  # output position -> clone
     for i, (o, n) in enumerate(zip(old, new)):
+        if not isinstance(n.meta, TensorMeta):
+            continue  # a size (a training forward saves them for its backward) is a number: no memory to share
         is_view, was_view = alias_base(n) is not None, alias_base(o) is not None
         became_alias = is_view and not was_view
         # Shared: an earlier position returns this very node (not a clone of it) for another original.

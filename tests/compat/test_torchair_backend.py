@@ -10,6 +10,7 @@ import torch
 
 import rewrite
 import rewrite.compat.torchair as torchair
+from rewrite.ir import SymMeta
 
 _lib = torch.library.Library("rewrite_compat_test", "DEF")
 _lib.define("add(Tensor input) -> Tensor")
@@ -93,9 +94,10 @@ def _read_inputs(graph) -> list:
 
 def test_same_sym_pack_merge():
     """mirrors torchair_st.py::test_same_sym_pack_merge (TorchAir: 8 Data before, 6 after its
-    optimization). Regression (issue 15): a SymInt input equal to a tensor input's dim is read from
-    that dim (aten.sym_size.int), so the graph reads at most 6 inputs (rewrite: 5; Dynamo's lifted
-    size inputs stay in the calling convention, unread)."""
+    optimization). Dynamo's graph takes 8 inputs: the model's 6 arguments and the two sizes of p it
+    lifted. Issue 51: those two are read from p's dims, so the optimized graph takes the 6 arguments,
+    as TorchAir's does (the compiled function picks them out of Dynamo's call). Regression (issue 15):
+    the int y, equal to a dim of p, is read from that dim, so the graph reads 5 of them."""
     class Model(torch.nn.Module):
         def forward(self, x, y, z, p, m, n):
             b = p.view([x]) + z.view([x]) + z.view([x])
@@ -110,8 +112,9 @@ def test_same_sym_pack_merge():
                  (8, 4, torch.randn(4, 2), torch.randn(2, 4), torch.randn(64), torch.randn(4, 4))]:
         torch.testing.assert_close(compiled(*args), Model()(*args))
     graph = backend.graphs[0]
-    assert len(graph.placeholders) == 8
-    assert len(_read_inputs(graph)) <= 6
+    assert len(graph.placeholders) == 6
+    assert sum(isinstance(p.meta, SymMeta) for p in graph.placeholders) == 2  # x and y; p's sizes are gone
+    assert len(_read_inputs(graph)) == 5
     assert backend.report.graphs[0].applied.get("sizes_read_from_tensors") == 1
 
 
