@@ -487,6 +487,32 @@ def test_substituted_bert_graph_folds_to_static_and_matches_eager():
     torch.testing.assert_close(out[0], compiled_out.last_hidden_state, rtol=1e-4, atol=1e-4)
 
 
+def test_sizes_dynamo_lifted_leave_the_compiled_graph_and_dynamo_still_calls_with_them():
+    """Issue 51: Dynamo passes x's size as an input of its own (source L['x'].size()[0]); the optimized graph
+    takes x only, reads the size from it, and the compiled function takes Dynamo's two inputs. Dynamo's own
+    graph is left as it was (it builds the call from it)."""
+    seen = {}
+
+    class Capture(rewrite.backend.RewriteBackend):
+        def __call__(self, gm, example_inputs):
+            compiled = super().__call__(gm, example_inputs)
+            seen["dynamo inputs"] = len(list(gm.graph.find_nodes(op="placeholder")))
+            return compiled
+
+        def on_optimized(self, graph, unit, frozen, gear_spec):
+            seen["graph"] = graph
+
+    def f(x):
+        return x.reshape(x.shape[0] * 2, -1) + 1
+
+    compiled = torch.compile(f, backend=Capture(), dynamic=True)
+    for rows in (4, 6, 1):
+        x = torch.randn(rows, 6)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert seen["dynamo inputs"] == 2
+    assert [type(p.meta).__name__ for p in seen["graph"].placeholders] == ["TensorMeta"]
+
+
 def test_substitute_validates_its_mapping():
     g = Graph("g")
     g.symbols = symbols()

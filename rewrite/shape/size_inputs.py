@@ -20,6 +20,7 @@ Matched like TorchAir: the SymInt's expression equals a tensor input's dim expre
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 
 import sympy
@@ -45,10 +46,13 @@ class MergedSizes:
 
     def calling(self, fn):
         """``fn`` (compiled for ``gm``) as Dynamo calls it: with every input of its original graph."""
-        kept = self.kept
+        if len(self.kept) == 1:
+            only = self.kept[0]
+            return lambda *args: fn(args[only])
+        pick = operator.itemgetter(*self.kept)  # in C: a transformers graph passes its ~200 weights on every call
 
         def call(*args):
-            return fn(*[args[i] for i in kept])
+            return fn(*pick(args))
 
         return call
 
