@@ -678,6 +678,14 @@ def test_gears_are_priced_by_their_measurements_and_a_robust_line_through_them()
     assert predicted_seconds(gears, {(8,): 9.0}, rows)[(16,)] == pytest.approx(1.0 + 16.0)
     assert predicted_seconds(gears, {}, rows)[(4,)] == pytest.approx(2.0 + 4.0)
 
+    # the symbolic graph: twice the gears' line until it has measurements at two sizes, then a line through them
+    line = lambda elements: 1.0 + elements  # noqa: E731
+    latency = GearLatency()
+    assert latency.dynamic_seconds(9, line) == pytest.approx(20.0)
+    for elements, seconds in [(4, 99.0), (8, 99.0), (4, 4.0), (8, 6.0), (16, 10.0)]:  # the first two: warm-up
+        latency.record_dynamic(elements, seconds)
+    assert latency.dynamic_seconds(12, line) == pytest.approx(8.0)  # 2 + 0.5 per element
+
 
 # -- the sequence proof: padded keys masked out, or refused ----------------------------------------------
 

@@ -406,6 +406,27 @@ def test_batch_by_sequence_gears_pad_and_split_and_keep_every_real_token(name):
     assert any("ran as gears 4 + " in message for _, message in stats.events), stats
 
 
+def test_fit_runs_a_size_the_gears_cover_badly_on_the_symbolic_graph():
+    """gear_fallback="fit" weighs the symbolic graph too: (1, 7) would run as gear (1, 40), more than five times its
+    work, so the symbolic graph runs it as it is (built then, counted as a dynamic fallback); (2, 5) pads to (2, 6).
+    (Nothing is measured yet: the gears' line is a call's work plus an eighth of the largest gear's.)
+    Every real token's output equals eager's."""
+    model = BY_NAME["bert"].model()
+    served, backend = compile_with(model, **{"inference_config.dynamic_gears_merge_policy": "product",
+                                            "inference_config.gear_fallback": "fit"})
+    first = _request(4, 40, 0, False)
+    for t in first.values():
+        rewrite.inference.set_dim_gears(t, {0: [1, 2, 4], 1: [6, 40]})
+    with torch.no_grad():
+        for request in [first, _request(1, 7, 1, False), _request(2, 5, 2, False), _request(1, 7, 3, False)]:
+            got, want = _main(served(**request)), _main(model(**request))
+            real = request["attention_mask"].bool()
+            torch.testing.assert_close(got[real], want[real], **TOL)
+    stats = rewrite.stats(served)
+    assert stats.dynamic_fallbacks == 2 and stats.pads == 1, stats
+    assert any("the symbolic graph ran it as it is" in message for _, message in stats.events), stats
+
+
 def test_a_decoder_prefill_that_returns_its_kv_cache_pads_its_sequence():
     """A decoder called as generate's prefill is (use_cache on): its keys are concatenated to an empty cache along the
     sequence, which adds nothing, so the sequence still pads; every real token's hidden state and cached key and value

@@ -354,5 +354,7 @@ def compile_dynamic(graph: Graph, gear_spec: GearSpec, unit: CompileUnit, build_
             log.warning("gears: padded_tokens='skip' is not possible, padded tokens are computed: %s", regroup_refusal)
     function = function_name(unit)
     register_symbolic(function, [s.label for s in symbols])
+    # fit weighs the symbolic graph against padding and splitting; it is built the first time it wins
+    build_dynamic = (lambda: build_static(graph)) if fallback == "fit" and padder is not None else None
     return GearDispatcher(symbols, table, fallback, dynamic_fn, padder, refusal, function=function, ledger=unit.ledger,
-                          regrouper=regrouper, regroup_refusal=regroup_refusal)
+                          regrouper=regrouper, regroup_refusal=regroup_refusal, build_dynamic=build_dynamic)

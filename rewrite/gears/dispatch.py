@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import operator
+import threading
 from typing import Callable
 
 from . import traffic as _recording
@@ -53,11 +54,15 @@ class GearDispatcher:
 
     def __init__(self, symbols: list[GearSymbol], table: dict, fallback: str,
                  dynamic_fn: Callable | None = None, padder=None, pad_refusal: str | None = None,
-                 function: str = "", ledger=None, regrouper=None, regroup_refusal: str | None = None):
+                 function: str = "", ledger=None, regrouper=None, regroup_refusal: str | None = None,
+                 build_dynamic: Callable | None = None):
         self.symbols = symbols
         self.table = table  # key (tuple of ints) -> compiled static graph
         self.fallback = fallback
         self.dynamic_fn = dynamic_fn
+        # gear_fallback="fit": the symbolic graph, built the first time fit picks it (`_dynamic`)
+        self._build_dynamic = build_dynamic
+        self._build_lock = threading.Lock()
         self.padder = padder  # gears.padding.Padder, when padding was proven safe
         self.pad_refusal = pad_refusal  # why padding is not allowed, for the error
         self._readers = [s.reader() for s in symbols]
@@ -239,6 +244,9 @@ class GearDispatcher:
                 plan = plan_fit(key[axis[0]], list(sizes), sizes)
                 if plan is not None and plan.split and (best is None or plan.seconds < best[0]):
                     best = (plan.seconds, axis, plan, dict(zip(rest, elsewhere)))
+        dynamic = self._fit_dynamic(key, None if best is None else best[0])
+        if dynamic is not None:
+            return dynamic
         if best is None:
             return None
         _, axis, plan, elsewhere = best
@@ -260,6 +268,38 @@ class GearDispatcher:
         grown = [f"{self.symbols[p].label} padded to {v}" for p, v in elsewhere.items() if v != key[p]]
         return ("splits", fn, padded, f"{self._describe(key)} ran as gears {ran} of {self.symbols[axis[0]].label}"
                 + (f" ({', '.join(grown)})" if grown else ""))
+
+    def _fit_dynamic(self, key: tuple, gears_seconds: float | None):
+        """The miss entry running ``key`` on the symbolic graph when its predicted latency (`GearLatency.
+        dynamic_seconds`) is below ``gears_seconds`` (the best of padding and splitting; None: neither is possible),
+        else None. The symbolic graph is built the first time it wins; each of its calls is timed."""
+        if self._build_dynamic is None and self.dynamic_fn is None:
+            return None
+        from .fit import gear_line
+
+        elements = self._elements(key)
+        line = gear_line(list(self.table), self.latency.measured(), self._elements)
+        if gears_seconds is not None and self.latency.dynamic_seconds(elements, line) >= gears_seconds:
+            return None
+        if self.dynamic_fn is None:
+            with self._build_lock:
+                if self.dynamic_fn is None and self._build_dynamic is not None:
+                    log.info("gears: building the symbolic graph (gear_fallback='fit' found it cheaper than the gears "
+                             "for %s)", self._describe(key))
+                    try:
+                        self.dynamic_fn = self._build_dynamic()
+                    except Exception as e:  # noqa: BLE001 - a candidate only: the gears still serve every size
+                        log.warning("gears: the symbolic graph could not be built, fit pads and splits only: %s", e)
+                    self._build_dynamic = None
+            if self.dynamic_fn is None:
+                return None
+        fn, latency = self.dynamic_fn, self.latency
+
+        def timed(*args):
+            return latency.timed_dynamic(elements, fn, args)
+
+        return ("dynamic_fallbacks", timed, 0, f"{self._describe(key)} is no gear; the symbolic graph ran it as it "
+                "is (fit: cheaper than padding or splitting, by measured latency)")
 
     def _pad_entry(self, key: tuple, gear: tuple) -> tuple:
         """The miss entry of ``key`` padded up to ``gear``: ("pads", callable, padded elements, message); the

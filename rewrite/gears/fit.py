@@ -14,6 +14,13 @@ figure moves it little), or, before any measurement, as its rows plus an eighth 
 cost of a call). A gear measured only a few times is priced at the lower of its figure and the fitted one, so
 that one busy moment does not keep it out of every plan (and so from being timed again). Decisions are cached
 per size and made again as measurements come in.
+
+The symbolic graph (the one every gear was made from) is a candidate too: it runs any size as it is, with no
+padding, at about a gear's speed (MiniLM, 4 x 207 tokens: 131 ms, against 125 for a gear of that very size and 476
+for the 11 x 252 gear the nearest pair offered). Its price is a line fitted to its own measured calls by
+elements; before two of them, the gears' line times `DYNAMIC_GUESS`, so that it is first tried where the gears
+would more than double a call's work. A size the gears cover badly then runs as it is, and a well-covered one
+stays on the gears.
 """
 from __future__ import annotations
 
@@ -28,12 +35,17 @@ import torch
 from ..ir import SymMeta
 from .padding import Row, size_output
 
-__all__ = ["GearLatency", "FitPlan", "plan_fit", "predicted_seconds", "Splitter", "REDECIDE_EVERY"]
+__all__ = ["GearLatency", "FitPlan", "plan_fit", "predicted_seconds", "Splitter", "REDECIDE_EVERY", "DYNAMIC_GUESS",
+           "gear_line"]
 
 _WINDOW = 8  # a gear's latency: the least of its last calls (a moving average kept a contended call for long)
 _SKIP_FIRST = 2  # a gear's first calls (warm-up, tier-up builds) are not measured
 _MOVED = 0.75  # an estimate that moved past this factor since decisions were made makes them stale
 REDECIDE_EVERY = 256  # calls between fresh decisions for the sizes no gear serves
+# The symbolic graph's price before it was measured, as a factor of the gears' line: a guess on the slow side, so
+# that it is tried first only where the gears would do more than twice a call's work (measured on MiniLM at 4-24
+# rows x 155-207 tokens: 0.95-1.15x a gear of the same size); once measured, its own line prices it
+DYNAMIC_GUESS = 2.0
 
 
 class GearLatency:
@@ -46,6 +58,8 @@ class GearLatency:
         self._seen: dict = {}
         self._recent: dict = {}  # gear -> deque of its last calls' seconds
         self._decided: dict = {}  # gear -> its estimate when `version` last moved for it
+        self._dynamic = collections.deque(maxlen=4 * _WINDOW)  # the symbolic graph's calls: (elements, seconds)
+        self._dynamic_calls = 0
         self.version = 0  # bumped when a gear's estimate is new or moved far: cached decisions are stale
 
     def record(self, gear: tuple, seconds: float) -> None:
@@ -66,6 +80,32 @@ class GearLatency:
         self.record(gear, time.perf_counter() - t0)
         return out
 
+    def record_dynamic(self, elements: int, seconds: float) -> None:
+        """A call of the symbolic graph: ``elements`` (the product of the gear axes' sizes) took ``seconds``."""
+        with self._lock:
+            self._dynamic_calls += 1
+            if self._dynamic_calls <= _SKIP_FIRST:  # its first calls build what its later calls reuse
+                return
+            self._dynamic.append((elements, seconds))
+            if len(self._dynamic) <= 2:  # its first measurements replace the guess: decisions are stale
+                self.version += 1
+
+    def timed_dynamic(self, elements: int, fn, args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.record_dynamic(elements, time.perf_counter() - t0)
+        return out
+
+    def dynamic_seconds(self, elements: int, gear_line) -> float:
+        """The symbolic graph's predicted seconds for a call of ``elements``: a line through its measured calls, or,
+        before two of them, ``gear_line(elements)`` (the gears' own price there) times `DYNAMIC_GUESS`."""
+        with self._lock:
+            points = list(self._dynamic)
+        if len({e for e, _ in points}) < 2:
+            return DYNAMIC_GUESS * gear_line(elements)
+        fixed, per_element = _line(points, elements)
+        return fixed + per_element * elements
+
     def measured(self) -> dict:
         with self._lock:
             return {g: min(r) for g, r in self._recent.items()}
@@ -80,11 +120,17 @@ def predicted_seconds(gears: list, measured: dict, rows_of, unsettled=frozenset(
     """Each gear's predicted seconds: measured, else fitted from the measured ones (fixed + per-row cost). A gear
     in ``unsettled`` (measured a few times only) is priced at the lower of its figure and the fit's: a gear timed
     once while the machine was busy would otherwise be avoided, and so never timed again."""
-    fixed, per_row = _line([(rows_of(g), t) for g, t in measured.items() if g in gears],
-                           max((rows_of(g) for g in gears), default=1))
-    fitted = {g: fixed + per_row * rows_of(g) for g in gears}
+    line = gear_line(gears, measured, rows_of)
+    fitted = {g: line(rows_of(g)) for g in gears}
     return {g: min(measured[g], fitted[g]) if g in unsettled and g in measured else measured.get(g, fitted[g])
             for g in gears}
+
+
+def gear_line(gears: list, measured: dict, rows_of):
+    """``rows -> seconds``: the line (fixed + per-row cost) fitted to the measured gears (`_line`)."""
+    fixed, per_row = _line([(rows_of(g), t) for g, t in measured.items() if g in gears],
+                           max((rows_of(g) for g in gears), default=1))
+    return lambda rows: fixed + per_row * rows
 
 
 def _line(points: list, largest: int) -> tuple[float, float]:
