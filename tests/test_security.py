@@ -443,7 +443,7 @@ def _put(path, value):
     (_put(["graph", "nodes"], {}), r"graph\.nodes: expected a list, got an object"),
     (_put(["graph", "nodes", 0], None), r"graph\.nodes\[0\]: expected an object, got null"),
     (_put(["graph", "nodes", 0, "name"], 3), r"graph\.nodes\[0\]\.name: expected a string"),
-    (_put(["graph", "nodes", 1, "name"], "arg1_1"), r"graph\.nodes\[1\] \(arg1_1\): a second node named"),
+    (_put(["graph", "nodes", 1, "name"], "arg0_1"), r"graph\.nodes\[1\] \(arg0_1\): a second node named"),
     (_put(["graph", "nodes", 3, "eval"], "x"), r"graph\.nodes\[3\] \(\w+\): unknown field\(s\) \['eval'\]"),
     (_drop(["graph", "nodes", 3, "value"]), r"graph\.nodes\[3\] \(\w+\): missing field\(s\) \['value'\]"),
     (_put(["graph", "nodes", 3, "value"], {"weight": "nope"}), r"value\.weight: names weight 'nope'"),
@@ -463,8 +463,8 @@ def _put(path, value):
     (_put(["graph", "nodes", 3, "attrs"], {"stream": ""}), r"attrs\.stream: stream_tag must be a non-empty str"),
     (_put(["bindings"], []), r"export\.json: bindings: expected a list of 2, got 0"),
     (lambda d, f: _put(["graph", "nodes", 1, "meta"], {"sym": "s77", "type": "int"})(d, f) or
-     _put(["bindings", 1], {"placeholder": "arg2_1", "leaf": 1})(d, f), r"bindings\[1\]\.leaf: leaf 1 is a tensor"),
-    (_put(["bindings", 0], {"placeholder": "arg1_1", "symbol": "s1"}), r"bindings\[0\]\.symbol: a string \('s1'\)"),
+     _put(["bindings", 1], {"placeholder": "arg1_1", "leaf": 1})(d, f), r"bindings\[1\]\.leaf: leaf 1 is a tensor"),
+    (_put(["bindings", 0], {"placeholder": "arg0_1", "symbol": "s1"}), r"bindings\[0\]\.symbol: a string \('s1'\)"),
     (_put(["bindings", 1, "leaf"], 5), r"bindings\[1\]\.leaf: 5 is out of range"),
     (_put(["outputs"], {"output": 3}), r"outputs\.output: 3 is out of range"),
     (_put(["outputs"], {"leaf": -1}), r"outputs\.leaf: -1 is out of range"),
@@ -507,7 +507,7 @@ def test_malformed_fields_are_errors_naming_the_file_and_field(exports, tmp_path
     (_put(["gears", "inputs", 0, "dims", "7"], [2]), r"gears\.inputs\[0\]\.dims: dim '7' is not a dimension"),
     (_put(["gears", "inputs", 0, "dims", "1"], [4]), r"gears\.inputs\[0\]\.dims: dim '1' is not a dimension with a "
                                                      r"size symbol .* gears need a dynamic dimension"),
-    (_put(["gears", "inputs", 0, "placeholder"], "arg0_1"), r"gears\.inputs\[0\]\.placeholder: .* not a tensor input"),
+    (_put(["gears", "inputs", 0, "placeholder"], "arg9_1"), r"gears\.inputs\[0\]\.placeholder: .* not a tensor input"),
     (_put(["gears", "gears"], [[["arg1_1", 0, 3]]]), r"gears\.gears\[0\]\[0\]: .* not a size declared"),
     (_put(["gears", "gears"], [[["arg1_1", 0, 2]]] * 101), r"gears\.gears: has 101 entries; at most 100"),
     (_put(["gears", "gears"], []), r"gears\.gears: no gears are listed"),
