@@ -60,7 +60,7 @@ class GearDispatcher:
         self.table = table  # key (tuple of ints) -> compiled static graph
         self.fallback = fallback
         self.dynamic_fn = dynamic_fn
-        # gear_fallback="fit": the symbolic graph, built the first time fit picks it (`_dynamic`)
+        # gear_fallback="fit": the symbolic graph, built the first time fit picks it (`_fit_dynamic`)
         self._build_dynamic = build_dynamic
         self._build_lock = threading.Lock()
         self.padder = padder  # gears.padding.Padder, when padding was proven safe
