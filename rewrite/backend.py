@@ -32,12 +32,14 @@ from .fx_bridge import dynamo_input_names
 from .gears.graphs import GearFunctions, dynamo_code, recompile_reasons
 from .ir import Graph
 from .ledger import Ledger
+from .lifted_floats import constant_float_symbols
 from .optimizer import optimize
 from .pipeline import Stages, build_callable
 from .policy import check_config, resolve_policy
 from .report import CompileReport
 from .scope import annotate_streams
 from .shape.size_inputs import merge_lifted_sizes, read_sizes_from_tensors
+from .torch_compat import specialize_floats
 from .subclasses import flatten_inputs
 from .unit import CompileUnit, Origin
 from .user_passes import run_post_pass, run_pre_pass
@@ -112,9 +114,12 @@ class RewriteBackend:
         return self
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        names = dynamo_input_names(gm, len(example_inputs))
+        # Floats from globals and attributes (dynamic=True) are traced again as numbers (rewrite.lifted_floats)
+        specialize_floats(constant_float_symbols(gm, names))
         # Sizes Dynamo lifted from tensor inputs are read from those tensors (TorchAir's size-input merge):
         # every later stage numbers the inputs the graph keeps, and the result picks them out of Dynamo's call.
-        merged = merge_lifted_sizes(gm, list(example_inputs), dynamo_input_names(gm, len(example_inputs)))
+        merged = merge_lifted_sizes(gm, list(example_inputs), names)
         if merged is None:
             return self.compile_dynamo_graph(gm, example_inputs)
         log.info("Dynamo graph: %d size inputs are read from the tensors that carry them",

@@ -38,3 +38,22 @@ def dynamo_shapes_spec():
         if hasattr(config, field):
             return getattr(config, field)
     return None
+
+
+def specialize_floats(symbols: list[str]) -> bool:
+    """Make Dynamo trace the frame again with the floats behind ``symbols`` (the ShapeEnv float symbols of inputs it
+    lifted and reads with ``.item()``) as numbers it guards on, as its own tensorify pass does for a float it cannot
+    turn into tensor ops: raises Dynamo's restart exception, which Dynamo catches. Returns False (nothing to do)
+    when each is already marked, or on a torch without the mechanism. torch 2.11-2.14:
+    `torch._dynamo.symbolic_convert.TensorifyState` and `torch._dynamo.exc.TensorifyScalarRestartAnalysis`."""
+    try:
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+        from torch._dynamo.symbolic_convert import TensorifyState
+    except ImportError:
+        return False
+    new = [s for s in symbols if not TensorifyState.should_specialize(s)]
+    if not new:
+        return False
+    for s in new:
+        TensorifyState.specialize(s)
+    raise TensorifyScalarRestartAnalysis
