@@ -115,8 +115,10 @@ class RewriteBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         names = dynamo_input_names(gm, len(example_inputs))
-        # Floats from globals and attributes (dynamic=True) are traced again as numbers (rewrite.lifted_floats)
-        specialize_floats(constant_float_symbols(gm, names))
+        # Floats from globals and attributes (dynamic=True) are traced again as numbers (rewrite.lifted_floats);
+        # only Dynamo can trace again, so only while it compiles (a graph handed to the backend by hand keeps them)
+        if dynamo_code() is not None:
+            specialize_floats(constant_float_symbols(gm, names))
         # Sizes Dynamo lifted from tensor inputs are read from those tensors (TorchAir's size-input merge):
         # every later stage numbers the inputs the graph keeps, and the result picks them out of Dynamo's call.
         merged = merge_lifted_sizes(gm, list(example_inputs), names)

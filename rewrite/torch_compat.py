@@ -43,9 +43,11 @@ def dynamo_shapes_spec():
 def specialize_floats(symbols: list[str]) -> bool:
     """Make Dynamo trace the frame again with the floats behind ``symbols`` (the ShapeEnv float symbols of inputs it
     lifted and reads with ``.item()``) as numbers it guards on, as its own tensorify pass does for a float it cannot
-    turn into tensor ops: raises Dynamo's restart exception, which Dynamo catches. Returns False (nothing to do)
-    when each is already marked, or on a torch without the mechanism. torch 2.11-2.14:
-    `torch._dynamo.symbolic_convert.TensorifyState` and `torch._dynamo.exc.TensorifyScalarRestartAnalysis`."""
+    turn into tensor ops: raises Dynamo's restart exception, which Dynamo catches (call it only while Dynamo
+    compiles a frame). Returns False (nothing to do) when each is already marked, or on a torch without the
+    mechanism. torch 2.13 and 2.14 (tested): `torch._dynamo.symbolic_convert.TensorifyState` and
+    `torch._dynamo.exc.TensorifyScalarRestartAnalysis`; 2.11 is untested (no GPU machine was lent since), and
+    without them the floats stay inputs, as before."""
     try:
         from torch._dynamo.exc import TensorifyScalarRestartAnalysis
         from torch._dynamo.symbolic_convert import TensorifyState
