@@ -39,8 +39,8 @@ from .policy import check_config, resolve_policy
 from .report import CompileReport
 from .scope import annotate_streams
 from .shape.size_inputs import merge_lifted_sizes, read_sizes_from_tensors
-from .torch_compat import specialize_floats
 from .subclasses import flatten_inputs
+from .torch_compat import specialize_floats
 from .unit import CompileUnit, Origin
 from .user_passes import run_post_pass, run_pre_pass
 
