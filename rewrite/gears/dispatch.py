@@ -228,7 +228,8 @@ class GearDispatcher:
         from .fit import Splitter, plan_fit
         from .spec import GearError
 
-        seconds = self._predicted()
+        measured = self.latency.measured()  # one snapshot for every price below (fit always measures)
+        seconds = self._predicted(measured)
         larger = [g for g in self.table if self._holds(g, key, range(len(key)))]
         best = min(((seconds[g], None, g, None) for g in larger), default=None)  # (seconds, axis, plan, elsewhere)
         for axis in self._axes:
@@ -244,7 +245,7 @@ class GearDispatcher:
                 plan = plan_fit(key[axis[0]], list(sizes), sizes)
                 if plan is not None and plan.split and (best is None or plan.seconds < best[0]):
                     best = (plan.seconds, axis, plan, dict(zip(rest, elsewhere)))
-        dynamic = self._fit_dynamic(key, None if best is None else best[0])
+        dynamic = self._fit_dynamic(key, None if best is None else best[0], measured)
         if dynamic is not None:
             return dynamic
         if best is None:
@@ -269,16 +270,17 @@ class GearDispatcher:
         return ("splits", fn, padded, f"{self._describe(key)} ran as gears {ran} of {self.symbols[axis[0]].label}"
                 + (f" ({', '.join(grown)})" if grown else ""))
 
-    def _fit_dynamic(self, key: tuple, gears_seconds: float | None):
+    def _fit_dynamic(self, key: tuple, gears_seconds: float | None, measured: dict):
         """The miss entry running ``key`` on the symbolic graph when its predicted latency (`GearLatency.
-        dynamic_seconds`) is below ``gears_seconds`` (the best of padding and splitting; None: neither is possible),
-        else None. The symbolic graph is built the first time it wins; each of its calls is timed."""
+        dynamic_seconds`, against the gears' line through ``measured``, the snapshot ``gears_seconds`` was priced
+        on) is below ``gears_seconds`` (the best of padding and splitting; None: neither is possible), else None.
+        The symbolic graph is built the first time it wins; each of its calls is timed."""
         if self._build_dynamic is None and self.dynamic_fn is None:
             return None
         from .fit import gear_line
 
         elements = self._elements(key)
-        line = gear_line(list(self.table), self.latency.measured(), self._elements)
+        line = gear_line(list(self.table), measured, self._elements)
         if gears_seconds is not None and self.latency.dynamic_seconds(elements, line) >= gears_seconds:
             return None
         if self.dynamic_fn is None:
@@ -313,13 +315,16 @@ class GearDispatcher:
         padded = self._elements(gear) - self._elements(key)
         return ("pads", fn, padded, f"{self._describe(key)} was padded by {padded} elements to a gear")
 
-    def _predicted(self) -> dict:
-        """Each gear's predicted seconds (`rewrite.gears.fit.predicted_seconds`) from what was measured so far."""
+    def _predicted(self, measured: dict | None = None) -> dict:
+        """Each gear's predicted seconds (`rewrite.gears.fit.predicted_seconds`) from ``measured`` (the gears'
+        latency, `GearLatency.measured`; None: a snapshot taken now)."""
         from .fit import predicted_seconds
 
+        if measured is None:
+            measured = self.latency.measured() if self.latency is not None else {}
         if self.latency is None:
-            return predicted_seconds(list(self.table), {}, self._elements)
-        return predicted_seconds(list(self.table), self.latency.measured(), self._elements, self.latency.unsettled())
+            return predicted_seconds(list(self.table), measured, self._elements)
+        return predicted_seconds(list(self.table), measured, self._elements, self.latency.unsettled())
 
     def _elements(self, key: tuple) -> int:
         """The elements a call of ``key`` runs: the product of its gear axes' sizes (one gear axis the trace kept as
