@@ -245,7 +245,7 @@ def serve(spec: dict) -> None:
         total = sum(lat)
         row = dict(contender=c, requests=len(lat), seconds=total, throughput=len(lat) / total,
                    tokens_per_s=tokens / total, p50=lat[len(lat) // 2], p99=lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-                   padded=None, splits=None, latencies=latencies[c], **built[c])
+                   padded=None, splits=None, **built[c])
         if c in before:
             s, s0 = rewrite.stats(fns[c]), before[c]
             padded = s.padded_rows - s0.padded_rows
