@@ -245,9 +245,9 @@ The first half of a trace is the traffic the user recorded; the second half is s
 model is compiled with rewrite and ``dynamic=True`` and run over the first half inside
 ``rewrite.gears.recording()``; then the static gears' own latency is measured on a power-of-two ladder up to the
 largest recorded size (rewrite with those gears, each past its tier-up; `measure_latency`, median of 5; the
-planner interpolates between), and ``plan_gears(rec, latency=..., max_gears=16, max_waste=0.10)`` picks
-(``--max-waste`` sets another bound; a run with it is printed, not recorded)
-the gears. Contenders, all serving the second half in one fresh process per trace (built one after another,
+planner interpolates between), and ``plan_gears(rec, latency=..., max_gears=16)`` picks the gears that
+minimise the expected latency with the whole budget (``--max-waste`` asks instead for the fewest gears whose
+padded work is at most that share; a run with it is printed, not recorded). Contenders, all serving the second half in one fresh process per trace (built one after another,
 then served interleaved: every chunk of 50 requests is served by each contender in turn, the order rotating, so
 the ratios are side by side and a slow stretch of the machine falls on all alike):
 
@@ -314,7 +314,7 @@ def _traffic_inputs(model_name: str, sizes, seq: int) -> dict:
     return {b: models.token_batch(b, seq, vocab=_vocab(model_name), seed=b) for b in sorted(set(sizes))}
 
 
-def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool, max_waste: float = 0.10):
+def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool, max_waste: float | None = None):
     """Record the first half through a dynamic=True rewrite compile; measure the static gears' latency on a
     power-of-two ladder (interpolated between); plan."""
     from rewrite.gears import measure_latency, plan_gears, power_of_two_ladder, recording
@@ -462,7 +462,8 @@ def traffic_main():
                         help="each trace runs those of these it knows (the token traces: gears_tokens.TOKEN_CONTENDERS)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-waste", type=float, default=None,
-                        help="the plan's bound on padded work (default 0.10); a run with it is not recorded")
+                        help="plan the fewest gears whose padded work is at most this share (default: the whole budget of 16, "
+                             "least expected latency); a run with it is not recorded")
     opts = parser.parse_args()
     quick = opts.quick
     model_name = opts.model or ("bert" if quick else "minilm")
@@ -482,8 +483,7 @@ def traffic_main():
         sizes = traffic_trace(trace, n, max_batch, seed=0)
         first, second = sizes[: n // 2], sizes[n // 2:]
         print(f"[{trace}] recording {len(first)} requests through rewrite dynamic=True and planning ...", flush=True)
-        rec, plan, record_s, latency = plan_from_recording(model_name, seq, first, quick,
-                                                           0.10 if opts.max_waste is None else opts.max_waste)
+        rec, plan, record_s, latency = plan_from_recording(model_name, seq, first, quick, opts.max_waste)
         print(rec, flush=True)
         print(plan, flush=True)
         ladder = power_of_two_ladder(max(sizes))
