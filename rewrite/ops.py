@@ -563,10 +563,28 @@ LINEAR_BINARY_OPS = {"add": torch.ops.aten.add.Tensor, "sub": torch.ops.aten.sub
                      "mul": torch.ops.aten.mul.Tensor}
 
 
-# Packed weights by their dense weight's contents (`constant_key`): every gear of a function folds its own copy
-# of a frozen weight, and all of them read one packed copy; it lives as long as some generated code binds it.
-_packed_linear_weights: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
-_packed_linear_lock = threading.Lock()
+class _SharedForms:
+    """A constant's derived form (a packed or re-laid-out copy) by the constant's contents (`constant_key`), made
+    once: every gear of a function folds its own copy of a frozen weight, and all of them read one derived copy.
+    It lives as long as some graph or generated code holds it."""
+
+    def __init__(self):
+        self._forms: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, weight: torch.Tensor, make) -> torch.Tensor:
+        key = constant_key(weight)
+        with self._lock:
+            form = self._forms.get(key)
+        if form is None:
+            form = make(weight.detach())
+            with self._lock:  # two threads deriving one weight at once: the first one's copy is kept
+                form = self._forms.setdefault(key, form)
+        return form
+
+
+_packed_linear_weights = _SharedForms()
+_channels_last_weights = _SharedForms()
 
 
 def packed_linear_weight(weight):
@@ -579,14 +597,13 @@ def packed_linear_weight(weight):
             and weight.dtype == torch.float32 and weight.dim() == 2 and weight.is_contiguous() and weight.numel()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return weight
-    key = constant_key(weight)
-    with _packed_linear_lock:
-        packed = _packed_linear_weights.get(key)
-    if packed is None:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        with _packed_linear_lock:  # two threads packing one weight at once: the first one's copy is kept
-            packed = _packed_linear_weights.setdefault(key, packed)
-    return packed
+    return _packed_linear_weights.get(weight, torch.ops.mkldnn._reorder_linear_weight)
+
+
+def channels_last_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A constant 4-d convolution weight laid out channels-last, made once (`rewrite.passes.channels_last`: a
+    convolution run channels-last reads its weight so; oneDNN would copy a contiguous one on every call)."""
+    return _channels_last_weights.get(weight, lambda w: w.clone(memory_format=torch.channels_last))
 
 
 # Operands a kernel reads faster in a form of its own, made once when generated code binds a constant

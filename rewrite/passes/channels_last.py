@@ -12,7 +12,8 @@ already runs channels-last (a convolution reading an NHWC tensor permuted to NCH
 is left as it is.
 
 A chosen convolution reads ``clone(x, memory_format=channels_last)`` of an image ``x`` from outside
-the region, and its weight the same way (oneDNN would copy it inside its kernel on every call). Its result stays channels-last through
+the region, and its weight the same way (oneDNN would copy it inside its kernel on every call); a frozen
+weight (a constant) is laid out channels-last once, at compile time (`ops.channels_last_weight`). Its result stays channels-last through
 the ops that keep the layout and mean the same whatever it is (`_keeps_layout`: pointwise ops whose
 other operands broadcast over the image's height and width, batch norm, padding, pooling), and the
 next convolution reads it as it is. Every other reader of such a value (a view, the graph's output,
@@ -294,10 +295,18 @@ def _convert(graph: Graph, users: dict, chosen: set, channels_last: set, eager: 
 
     for conv in [n for n in graph.nodes if n.id in chosen]:
         image, weight = _image_as_read(conv, channels_last), conv.args[1]
-        # oneDNN copies a contiguous weight into channels-last on every call, inside its ATen kernel; a
-        # copy in the graph is a static kernel in the native run beside it (a 1x1 weight is both layouts)
+        # oneDNN copies a contiguous weight into channels-last on every call, inside its ATen kernel. A frozen
+        # weight is laid out so once, here (ResNet-50: 17 weight copies, 45 MB a call); another weight is copied
+        # in the graph, a static kernel in the native run beside it. A 1x1 weight is both layouts.
         if isinstance(weight, Node) and any(int(s) != 1 for s in weight.meta.shape[2:]):
-            conv.args = conv.args[:1] + (channels_last_copy(weight, conv),) + conv.args[2:]
+            if weight.kind == "constant" and isinstance(weight.value, torch.Tensor):
+                if weight.id not in into:
+                    into[weight.id] = graph.constant(ops.channels_last_weight(weight.value), meta=weight.meta,
+                                                     before=conv)
+                laid_out = into[weight.id]
+            else:
+                laid_out = channels_last_copy(weight, conv)
+            conv.args = conv.args[:1] + (laid_out,) + conv.args[2:]
         conv.args = (image if image.id in channels_last else channels_last_copy(image, conv),) + conv.args[1:]
     # A single-pixel image is both layouts, and ATen's ops often give it NCHW strides (a pointwise op, a 1x1
     # convolution of a pixel); a padding of it then makes an NCHW image, which the next convolution copies to
