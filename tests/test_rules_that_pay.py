@@ -143,9 +143,10 @@ def test_resnet_batch_norms_fold_into_convolutions_and_match_eager():
                                          layer_type="basic")).eval()
     want, got, report = _compile(model, torch.randn(2, 3, 32, 32))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    _fired(report, "batch_norm_into_conv_s2_p3", "batch_norm_into_conv_s1_p1", "batch_norm_into_conv_s2_p1")
+    _fired(report, "batch_norm_into_conv_s2_p3", "batch_norm_into_conv_s1_p1", "batch_norm_into_conv_s2_p1",
+           "batch_norm_into_conv_1x1_s2_p0")  # the last: the 1x1 projection of the shortcut
     ops = report.graphs[0].ops_after
-    assert ops.get("aten._native_batch_norm_legit_no_training.default", 0) <= 1  # the 1x1 projection's stays
+    assert ops.get("aten._native_batch_norm_legit_no_training.default", 0) == 0
 
 
 def test_switching_the_new_families_off_by_name_keeps_the_graph_as_before():
