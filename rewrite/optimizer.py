@@ -40,7 +40,7 @@ from .egraph import Limits, run_egraph
 from .ir import Graph
 from .ops import STRIDE_READERS, is_mutable
 from .passes import (CHANNELS_LAST, COMPUTED_RULES, DEAD_EDGE, DEDUP, FOLD, FOLD_SIZES, FRESH_OUTPUTS, PRUNE, REINPLACE,
-                     VIEWS_AS_RESHAPES, Pass, Step)
+                     TRIVIAL_RESTRIDES, VIEWS_AS_RESHAPES, Pass, Step)
 from .rules import LIBRARY, algebra, check_user_rulesets, gemm, left_out, without
 from .unit import CompileUnit
 
@@ -121,7 +121,7 @@ def _run_of(ruleset: RuleSet) -> Run:
 
 SCHEDULE = Schedule(
     first=(SUBGRAPHS,),
-    sweep=Sweep(passes=(DEAD_EDGE, FOLD_SIZES, FOLD, COMPUTED_RULES, DEDUP, PRUNE), max_sweeps=16),
+    sweep=Sweep(passes=(DEAD_EDGE, FOLD_SIZES, FOLD, TRIVIAL_RESTRIDES, COMPUTED_RULES, DEDUP, PRUNE), max_sweeps=16),
     saturation=Saturation(runs=tuple(_run_of(rs) for rs in LIBRARY)),
     rounds=4,
     finishing=(VIEWS_AS_RESHAPES, FRESH_OUTPUTS, REINPLACE, CHANNELS_LAST),

@@ -11,6 +11,7 @@ DSL rulesets live in `rewrite.rules`.
     pass_type.py       Pass, Step
     dead_edge.py       DEAD_EDGE          eliminate_dead_edges
     folding.py         FOLD_SIZES, FOLD   fold_sizes, fold_constants
+    restrides.py       TRIVIAL_RESTRIDES  drop_trivial_restrides
     computed_rules.py  COMPUTED_RULES     apply_computed_rules
     dedup.py           DEDUP              dedup_constants
     prune.py           PRUNE              (Graph.prune)
@@ -27,10 +28,11 @@ from .folding import FOLD, FOLD_SIZES, fold_constants, fold_sizes
 from .pass_type import Pass, Step
 from .prune import PRUNE
 from .reinplace import REINPLACE, reinplace_buffer_updates
+from .restrides import TRIVIAL_RESTRIDES, drop_trivial_restrides
 
 __all__ = ["Pass", "Step",
-           "DEAD_EDGE", "FOLD_SIZES", "FOLD", "COMPUTED_RULES", "DEDUP", "PRUNE",
+           "DEAD_EDGE", "FOLD_SIZES", "FOLD", "TRIVIAL_RESTRIDES", "COMPUTED_RULES", "DEDUP", "PRUNE",
            "VIEWS_AS_RESHAPES", "FRESH_OUTPUTS", "REINPLACE", "CHANNELS_LAST",
            "alias_base", "apply_computed_rules", "channels_last_convolutions", "eliminate_dead_edges",
-           "dedup_constants", "fold_constants", "fold_sizes", "keep_outputs_fresh", "reinplace_buffer_updates",
+           "dedup_constants", "drop_trivial_restrides", "fold_constants", "fold_sizes", "keep_outputs_fresh", "reinplace_buffer_updates",
            "views_as_reshapes"]
