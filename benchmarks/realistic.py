@@ -168,7 +168,8 @@ def run_one(name: str, batch: int, repeat: int) -> dict:
         samples = _timed_rounds(fns, inputs, repeat, status, BLOCK)
     for c in contenders:
         row["status"][c] = list(status[c])
-        row["ms"][c] = round(statistics.median(samples[c]) * 1e3, 2) if status[c][0] == "ok" and samples.get(c) else None
+        ok = status[c][0] == "ok" and samples.get(c)
+        row["ms"][c] = round(statistics.median(samples[c]) * 1e3, 2) if ok else None
     return row
 
 
@@ -230,7 +231,8 @@ def _combined(runs: list[dict]) -> dict:
         got = [r["ms"][c] for r in runs if r["ms"].get(c)]
         row["ms"][c] = round(statistics.median(got), 2) if len(got) == len(runs) else None
         if row["ms"][c] is None and row["status"][c][0] == "ok":
-            row["status"][c] = next((r["status"][c] for r in runs if r["status"][c][0] != "ok"), ["ERROR", "no time"])
+            failed = (r["status"][c] for r in runs if r["status"][c][0] != "ok")
+            row["status"][c] = next(failed, ["ERROR", "no time"])
     ratios = [v for v in map(_ratio, runs) if v is not None]
     row["ratios"] = ratios
     return row
@@ -264,7 +266,8 @@ def main() -> None:
                 print(f"    left out: {runs[0]['missing']}", flush=True)
                 continue
             rows.append(_combined(runs))
-    command = os.path.relpath(sys.executable) + " benchmarks/realistic.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    arguments = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = f"{os.path.relpath(sys.executable)} benchmarks/realistic.py {arguments}"
     text = section(rows, command.strip())
     print(text)
     if not args.no_record and rows:

@@ -34,5 +34,5 @@ __all__ = ["Pass", "Step",
            "DEAD_EDGE", "FOLD_SIZES", "FOLD", "TRIVIAL_RESTRIDES", "COMPUTED_RULES", "DEDUP", "PRUNE",
            "VIEWS_AS_RESHAPES", "FRESH_OUTPUTS", "REINPLACE", "CHANNELS_LAST",
            "alias_base", "apply_computed_rules", "channels_last_convolutions", "eliminate_dead_edges",
-           "dedup_constants", "drop_trivial_restrides", "fold_constants", "fold_sizes", "keep_outputs_fresh", "reinplace_buffer_updates",
-           "views_as_reshapes"]
+           "dedup_constants", "drop_trivial_restrides", "fold_constants", "fold_sizes", "keep_outputs_fresh",
+           "reinplace_buffer_updates", "views_as_reshapes"]

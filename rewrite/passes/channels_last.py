@@ -13,9 +13,9 @@ is left as it is.
 
 A chosen convolution reads ``clone(x, memory_format=channels_last)`` of an image ``x`` from outside
 the region, and its weight the same way (oneDNN would copy it inside its kernel on every call); a frozen
-weight (a constant) is laid out channels-last once, at compile time (`ops.channels_last_weight`). Its result stays channels-last through
-the ops that keep the layout and mean the same whatever it is (`_keeps_layout`: pointwise ops whose
-other operands broadcast over the image's height and width, batch norm, padding, pooling), and the
+weight (a constant) is laid out channels-last once, at compile time (`ops.channels_last_weight`). Its result
+stays channels-last through the ops that keep the layout and mean the same whatever it is (`_keeps_layout`:
+pointwise ops whose other operands broadcast over the image's height and width, batch norm, padding, pooling), and the
 next convolution reads it as it is. Every other reader of such a value (a view, the graph's output,
 a convolution left contiguous) reads ``contiguous(value)``, so everything outside the channels-last
 region sees the layout eager gives it: a wrong guess about a layout costs a copy, never a result

@@ -58,7 +58,7 @@ def _fresh(x: Node) -> bool:
     if x.kind != "call" or x.target is operator.getitem or not isinstance(x.target, torch._ops.OpOverload):
         return False
     returns = x.target._schema.returns
-    return len(returns) == 1 and returns[0].alias_info is None and x.target not in ops.VIEWS
+    return len(returns) == 1 and returns[0].alias_info is None
 
 
 def _ints(values) -> bool:

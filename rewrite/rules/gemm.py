@@ -27,8 +27,8 @@ import operator
 
 import torch
 
-from ..dsl import (RuleSet, aten, dim_is, dims_agree, dtype_is, is_const, is_float, is_scalar, op, rule, same_dtype, same_shape,
-                   siblings, variables)
+from ..dsl import (RuleSet, aten, dim_is, dims_agree, dtype_is, is_const, is_float, is_scalar, op, rule, same_dtype,
+                   same_shape, siblings, variables)
 from ..ops import FLOATS
 
 __all__ = ["MERGE_PARALLEL", "FOLD_SCALES", "FOLD_BATCH_NORMS", "RULESETS", "fold_conv"]
