@@ -55,9 +55,9 @@ def _restride(source: str, size, stride, offset=None, returned=False):
     x = g.placeholder("x", meta(2, 8, 3, 3))
     if source == "input":
         src = g.placeholder("v", meta(*size))
-    elif source == "view":
-        src = g.call(aten.view.default, (g.call(aten.relu.default, (x,), meta=meta(2, 8, 3, 3)), list(size)),
-                     meta=meta(*size))
+    elif source in ("view", "unsafe_view"):
+        view = aten.view.default if source == "view" else aten._unsafe_view.default
+        src = g.call(view, (g.call(aten.relu.default, (x,), meta=meta(2, 8, 3, 3)), list(size)), meta=meta(*size))
     else:
         src = g.call(aten.mean.dim, (x, [-1, -2], True), meta=meta(2, 8, 1, 1))
         if list(size) != [2, 8, 1, 1]:
@@ -82,8 +82,9 @@ def test_a_restride_of_a_fresh_result_with_one_long_dim_is_its_input():
     dict(source="fresh", size=[1, 8, 1, 1], stride=[8, 1, 8, 8], offset=1),  # from an offset
     dict(source="input", size=[1, 8, 1, 1], stride=[8, 1, 8, 8]),  # the caller's tensor: any layout or offset
     dict(source="view", size=[1, 144, 1, 1], stride=[144, 1, 144, 144]),  # a view (of any layout and offset)
+    dict(source="unsafe_view", size=[1, 144, 1, 1], stride=[144, 1, 144, 144]),  # a view its schema does not name
     dict(source="fresh", size=[1, 8, 1, 1], stride=[8, 1, 8, 8], returned=True),  # the caller sees its strides
-], ids=["two-long-dims", "stride-2", "offset", "input", "view", "returned"])
+], ids=["two-long-dims", "stride-2", "offset", "input", "view", "unsafe-view", "returned"])
 def test_every_restride_that_may_read_another_element_stays(case):
     g = _restride(**case)
     assert drop_trivial_restrides(g) == 0

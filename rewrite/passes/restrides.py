@@ -54,11 +54,12 @@ def _changes_no_value(n: Node) -> bool:
 
 def _fresh(x: Node) -> bool:
     """A computation's own result: dense, at offset 0 of its storage. Not an input, a constant, an item of a
-    tuple, or what an op's schema says aliases its input (a view, an in-place op's ``self``)."""
+    tuple, a view (`ops.returns_view`: ``_unsafe_view`` too, whose schema does not say so) or an in-place op's
+    ``self``."""
     if x.kind != "call" or x.target is operator.getitem or not isinstance(x.target, torch._ops.OpOverload):
         return False
     returns = x.target._schema.returns
-    return len(returns) == 1 and returns[0].alias_info is None
+    return len(returns) == 1 and returns[0].alias_info is None and not ops.returns_view(x.target)
 
 
 def _ints(values) -> bool:
