@@ -40,7 +40,8 @@ TORCH2_14_STAMP := $(TORCH2_14_VENV)/.installed
 # The subset, one list of pytest arguments: these files, less their tests that take over half a minute each here
 # (real MiniLM weights, fresh processes, every CLI subcommand in a subprocess, two ranks); `make test` runs those.
 TORCH2_14_SUBSET := tests/test_foundation.py tests/test_gears.py tests/test_declared_shapes.py \
-	tests/test_export.py tests/test_cache.py tests/test_defaults.py tests/test_readme.py tests/test_zoo_vision.py tests/test_lifted_floats.py \
+	tests/test_export.py tests/test_cache.py tests/test_defaults.py tests/test_readme.py tests/test_zoo_vision.py \
+	tests/test_lifted_floats.py \
 	--deselect tests/test_gears.py::test_minilm_real_weights_every_batch_gear_matches_eager_and_pads_between \
 	--deselect tests/test_export.py::test_minilm_static_and_geared_exports_match_eager_in_a_fresh_process \
 	--deselect tests/test_export.py::test_two_rank_all_reduce_export_and_load \

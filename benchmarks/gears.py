@@ -247,9 +247,10 @@ model is compiled with rewrite and ``dynamic=True`` and run over the first half 
 largest recorded size (rewrite with those gears, each past its tier-up; `measure_latency`, median of 5; the
 planner interpolates between), and ``plan_gears(rec, latency=..., max_gears=16)`` picks the gears that
 minimise the expected latency with the whole budget (``--max-waste`` asks instead for the fewest gears whose
-padded work is at most that share; a run with it is printed, not recorded). Contenders, all serving the second half in one fresh process per trace (built one after another,
-then served interleaved: every chunk of 50 requests is served by each contender in turn, the order rotating, so
-the ratios are side by side and a slow stretch of the machine falls on all alike):
+padded work is at most that share; a run with it is printed, not recorded). Contenders, all serving the second
+half in one fresh process per trace (built one after another, then served interleaved: every chunk of 50
+requests is served by each contender in turn, the order rotating, so the ratios are side by side and a slow
+stretch of the machine falls on all alike):
 
 * ``eager``: the model as it is (reference);
 * ``planned gears``: rewrite with the planned gears, ``gear_fallback="fit"`` (a batch that is no gear is padded up
@@ -314,7 +315,8 @@ def _traffic_inputs(model_name: str, sizes, seq: int) -> dict:
     return {b: models.token_batch(b, seq, vocab=_vocab(model_name), seed=b) for b in sorted(set(sizes))}
 
 
-def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool, max_waste: float | None = None):
+def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick: bool,
+                        max_waste: float | None = None):
     """Record the first half through a dynamic=True rewrite compile; measure the static gears' latency on a
     power-of-two ladder (interpolated between); plan."""
     from rewrite.gears import measure_latency, plan_gears, power_of_two_ladder, recording
@@ -462,8 +464,8 @@ def traffic_main():
                         help="each trace runs those of these it knows (the token traces: gears_tokens.TOKEN_CONTENDERS)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-waste", type=float, default=None,
-                        help="plan the fewest gears whose padded work is at most this share (default: the whole budget of 16, "
-                             "least expected latency); a run with it is not recorded")
+                        help="plan the fewest gears whose padded work is at most this share (default: the whole "
+                             "budget of 16, least expected latency); a run with it is not recorded")
     opts = parser.parse_args()
     quick = opts.quick
     model_name = opts.model or ("bert" if quick else "minilm")
