@@ -42,7 +42,6 @@ from _results import (OUT_DIR, cold_caches, latency_panel, machine_line, markdow
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
 from rewrite.demo import with_own_code  # noqa: E402
-from rewrite.exec.background import wait_for_builds  # noqa: E402
 from gears_tokens import TOKEN_CONTENDERS, token_traffic_main, warm_the_process  # noqa: E402
 
 SCENARIOS = {
@@ -343,7 +342,6 @@ def plan_from_recording(model_name: str, seq: int, first_half: list[int], quick:
         for b in reversed(ladder):  # the first call at the largest gear, the input the gears were set on
             for _ in range(warm_calls):
                 geared(sized[b])
-        wait_for_builds()
         latency = measure_latency(geared, sized.__getitem__, ladder, repeat=1 if quick else 5, warmup=1)
     record_s = time.perf_counter() - t0
     plan = plan_gears(rec, latency=latency, max_gears=16, max_waste=max_waste)
@@ -413,7 +411,6 @@ def traffic_serve(spec: dict) -> None:
                     out = fn(inputs[c][b])
                     per_size.setdefault(b, []).append(time.perf_counter() - t1)
                 torch.testing.assert_close(hidden(out), refs[b], rtol=2e-4, atol=2e-4)
-        wait_for_builds()  # rewrite's tier-up builds: counted in its compile time, and none runs while others are timed
         warm_s = time.perf_counter() - t0
         steady = sum(warm_calls * min(v) for v in per_size.values())
         peak = status_kb("VmHWM") * 1024 if rss0 is not None else None

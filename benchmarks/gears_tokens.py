@@ -32,7 +32,7 @@ trace, each a code object of its own:
   Outputs at the padding it skips hold 0 (every contender is checked at the real tokens only).
 
 Each contender is built and then serves the recorded half three times: the first two passes hold its compiles
-(and recompiles, tier-ups with rewrite's background builds waited for, OpenVINO's per-shape work), the third is
+(and recompiles, rewrite's tier-up builds, OpenVINO's per-shape work), the third is
 its steady state; ``compile s`` is the first two passes' wall time minus twice the third's. ``peak RSS MB``: the process's peak RSS over build and both passes minus the RSS before. Then every
 contender's output is compared with eager's at every real token of 8 served requests, and the served half is run
 with the contenders interleaved (chunks of `CHUNK` requests, the order rotating). Columns: requests/s, real
@@ -58,7 +58,6 @@ from _results import (cold_caches, latency_panel, machine_line, markdown_table, 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
 from rewrite.demo import with_own_code  # noqa: E402
-from rewrite.exec.background import wait_for_builds  # noqa: E402
 
 TOKEN_TRACES = {
     "sentences": dict(model="minilm", max_batch=32, median=40, lengths=(8, 256), vocab=30522),
@@ -212,16 +211,13 @@ def serve(spec: dict) -> None:
             fn(**first)
             _pass(fn, recorded)
             _pass(fn, recorded)
-            wait_for_builds()  # rewrite's tier-up builds run in the background: none may run while others are timed
             warm_s = time.perf_counter() - t0
             steady = _pass(fn, recorded)  # every gear the recorded half reaches is hot by now
-            wait_for_builds()
             for x, want in zip(served, refs):
                 got = fn(**x).last_hidden_state
                 real = x["attention_mask"].bool()
                 torch.testing.assert_close(got[real], want[real], rtol=1e-3, atol=1e-3,
                                            msg=lambda m: f"{c} differs from eager at a real token: {m}")
-            wait_for_builds()  # the checked calls may tier gears up: their builds finish before anything is timed
         peak = status_kb("VmHWM") * 1024 if rss0 is not None else None
         built[c] = dict(compile_s=0.0 if c == "eager" else max(0.0, warm_s - 2 * steady),
                         memory=None if rss0 is None else max(0, peak - rss0),
@@ -293,7 +289,7 @@ def run_trace(trace: str, n: int, contenders: list, threads, quick: bool) -> tup
 def report(results: dict, contenders: list) -> str:
     parts = [f"Contenders in one process per trace, served interleaved in chunks of {CHUNK} requests; the first half "
              "of each trace is recorded (gears planned on it, every contender warmed on it), the second served. "
-             "Compile s: the first two passes over the recorded half (rewrite's background builds waited for) minus twice "
+             "Compile s: the first two passes over the recorded half (rewrite's tier-up builds included) minus twice "
              "the third. Padded: padded elements over elements run; skipped: padded positions not computed, over "
              "the served requests' elements (rewrite's ledger)."]
     for trace, (info, rows) in results.items():

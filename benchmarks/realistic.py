@@ -21,7 +21,7 @@ turn, ``BLOCK`` calls a turn, the first not counted):
 * ``rewrite``: ``backend="rewrite"`` as it comes;
 * ``rewrite-frozen``: with ``experimental_config.frozen_parameter = True`` (rewrite's inference setting).
 
-Every contender gets ``exec.tier_up_calls + 2`` warm-up calls (rewrite's background builds are waited for) and its
+Every contender gets ``exec.tier_up_calls + 2`` warm-up calls (past rewrite's tier-up) and its
 outputs are compared with eager's. Each row runs in ``--processes`` fresh processes (3 by default): on this
 machine one process's ratio between two compiled models moved by up to 15% from one process to the next (where
 its weights and buffers land), far more than between rounds within a process. Columns: the median over the
@@ -58,7 +58,6 @@ from _results import cold_caches, machine_line, markdown_table, record_section  
 from zoo import BLOCK, _own_code, _timed_rounds, _why  # noqa: E402
 
 import rewrite  # noqa: E402
-from rewrite.exec.background import wait_for_builds  # noqa: E402
 from tests.zoo.runner import compare  # noqa: E402
 
 CONTENDERS = ("eager", "inductor-frz-cpp", "openvino", "rewrite", "rewrite-frozen")
@@ -158,7 +157,6 @@ def run_one(name: str, batch: int, repeat: int) -> dict:
                 status[c] = ("ERROR", "compile: " + _why(e))
                 fns.pop(c, None)
         _timed_rounds(fns, inputs, rewrite.CompilerConfig().exec.tier_up_calls + 2, status)
-        wait_for_builds()
         for c, fn in fns.items():
             if status[c][0] != "ok":
                 continue

@@ -12,8 +12,8 @@ compiled model, a loaded export and ``cache_compile`` run a graph under the same
   (``exec.cuda_kernels``, on without asking: static shapes are for speed on both devices);
 * ``plan = "tier-up"`` (the default mode, static inference graphs): a graph runs its ATen code
   for ``tier_up_calls`` calls, then gets what reduce-overhead builds: on CPU the plan and static C
-  kernels, built on the next call's inputs; on CUDA Inductor's kernels, compiled by a background
-  thread while the ATen code serves the calls, and a CUDA graph. Whatever stands in the way leaves
+  kernels, built on the next call's inputs; on CUDA Inductor's kernels, compiled on the caller's
+  thread (`exec.hot_swap` says why not on another), and a CUDA graph. Whatever stands in the way leaves
   the graph on its ATen code with a note, never an error;
 * ``plan = "none"``: each graph runs the callable its kernel backend built.
 

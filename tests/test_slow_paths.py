@@ -120,22 +120,29 @@ def test_a_failed_tier_up_is_counted(monkeypatch):
 def test_calls_while_a_tier_up_build_is_pending_are_counted_and_strict_raises():
     import threading
 
-    release = threading.Event()
+    for strict in (False, True):
+        entered, release = threading.Event(), threading.Event()
 
-    def build():
-        release.wait(60)
-        return lambda x: x + 1
+        def build():
+            entered.set()
+            release.wait(60)
+            return lambda x: x + 1
 
-    ledger = Ledger()
-    gear = HotSwapGear("g", lambda x: x + 1, build, cold_calls=1, note=lambda m: None, ledger=ledger)
-    for _ in range(4):  # one cold call, the build starts on the second, which with the next two is pending
-        gear(torch.zeros(2))
-    assert ledger.stats().tier_up_pending == 3
-    strict = HotSwapGear("g", lambda x: x + 1, build, cold_calls=0, note=lambda m: None, ledger=Ledger(strict=True))
-    strict(torch.zeros(2))  # the first call is a cold call by design: its build is not even started
-    with pytest.raises(rewrite.SlowPathError, match="still being built.*wait_for_builds"):
-        strict(torch.zeros(2))
-    release.set()
+        ledger = Ledger(strict=strict)
+        gear = HotSwapGear("g", lambda x: x + 1, build, cold_calls=1, note=lambda m: None, ledger=ledger)
+        gear(torch.zeros(2))  # the cold call
+        builder = threading.Thread(target=gear, args=(torch.zeros(2),))
+        builder.start()  # the second call builds, on its own thread
+        assert entered.wait(60)
+        if strict:
+            with pytest.raises(rewrite.SlowPathError, match="being built by another caller"):
+                gear(torch.zeros(2))
+        else:
+            for _ in range(2):  # calls while it builds run the ATen code
+                gear(torch.zeros(2))
+            assert ledger.stats().tier_up_pending == 2
+        release.set()
+        builder.join(60)
 
 
 def test_calls_with_strides_the_static_kernels_were_not_built_for_are_counted_and_strict_raises():

@@ -12,7 +12,7 @@ Where things are: `build.py` (`build_executable`, the choice above, and `stream_
 `codegen.py` (straight-line ATen code), `inductor.py` (Inductor per graph) and the stream scheduler
 (`streams.py`, `stream_cpu.py`, `stream_cuda.py`, `workers.py`, `auto_streams.py`, `stream_choice.py`);
 execution plans (`program.py`: `PlannedProgram`, one per compiled function; `plan.py`, `observe.py`,
-`memory.py`, `planned.py`); CUDA (`cuda_graphs.py`, `hot_swap.py`, `background.py`); `layouts.py` and
+`memory.py`, `planned.py`); CUDA (`cuda_graphs.py`, `hot_swap.py`); `layouts.py` and
 `direct.py` (`direct_call`: inference graphs without AOTAutograd's per-call wrapper).
 """
 from __future__ import annotations

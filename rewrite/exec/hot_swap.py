@@ -1,32 +1,47 @@
-"""A gear that tiers up without making a caller wait: its ATen code serves the calls while its hot
-callable is built on the process's build thread (`rewrite.exec.background`), and the first call
-after both the cold calls and the build are done switches to it.
+"""A gear that tiers up: its ATen code serves its first calls, then the hot callable is built on the
+caller's thread and serves every call after.
 
 This is the default mode's tier-up on CUDA: the hot callable is the gear's CUDA graph, running
-Inductor's kernels compiled for the gear's sizes (`exec.cuda_kernels`). An Inductor compile takes
-seconds; on the caller's path that would be a stall of seconds in a serving loop, off it the calls go
-on at eager speed meanwhile. The build starts on the gear's second call, so a graph that is called
-once (`rewrite.explain`, a one-off warm-up) never compiles. A build that fails leaves the gear on its
-ATen code, with a note. How each gear stands (`state`: "cold", "building", "hot", "failed"; calls it
-served cold because its build was not ready: ``pending_calls``) is what the report and the slow-path
-counts read.
+Inductor's kernels compiled for the gear's sizes (`exec.cuda_kernels`). The build starts on the first
+call past the cold calls, so a graph that is called once (`rewrite.explain`, a one-off warm-up) never
+compiles. A build that fails leaves the gear on its ATen code, with a note.
+
+Why on the caller's thread, not a background one: an Inductor build traces with FX (``make_fx``, and
+Inductor's pattern replacements), and FX tracing patches ``torch.nn.Module.__call__`` for the whole
+process while it runs (pytorch/pytorch#126024). A build on another thread sent the caller's next module
+call into the build's tracer: on an H200 every default-mode call after the tier-up began failed with
+"Detected that you are using FX to symbolically trace a dynamo-optimized function". The CPU's tier-up
+builds on the caller's thread too (`program.py`), and Dynamo compiles on the caller's thread: one stall,
+on one call, the way every torch.compile backend compiles.
+
+Concurrent callers: one of them builds (under Dynamo's compile lock, so the build never interleaves with
+a Dynamo compile on another thread; Inductor's config is process-wide); the others run the ATen code
+meanwhile, counted as ``tier_up_pending`` slow paths. How each gear stands (`state`: "cold",
+"building", "hot", "failed") is what the report and the slow-path counts read.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
-
-from . import background
 
 log = logging.getLogger("rewrite")
 
 __all__ = ["HotSwapGear"]
 
 
+def _compile_lock():
+    try:
+        from torch._dynamo.convert_frame import compile_lock
+    except ImportError:  # a torch without it: builds of one gear still run one at a time (the gear's lock)
+        return threading.RLock()
+    return compile_lock
+
+
 class HotSwapGear:
-    """One static graph: ``cold`` serves its first ``cold_calls`` calls and every call until ``build()``
-    (run on the build thread) has returned the hot callable."""
+    """One static graph: ``cold`` serves its first ``cold_calls`` calls; the next call runs ``build()`` and
+    the hot callable it returns serves that call and every one after."""
 
     def __init__(self, name: str, cold: Callable, build: Callable[[], Callable], cold_calls: int,
                  note: Callable[[str], None], ledger=None):
@@ -35,65 +50,63 @@ class HotSwapGear:
         self.hot: Callable | None = None
         self.cold_calls = cold_calls
         self.calls = 0  # calls before it turned hot (not atomic: a count, not a promise)
-        self.pending_calls = 0  # calls past the cold calls that ran cold because the build was not ready
+        self.pending_calls = 0  # calls that ran cold because another thread was building
         self._build = build
-        self._future = None
+        self._building = False
         self._note = note
         self._ledger = ledger  # rewrite.ledger.Ledger: pending calls and a failed build are slow paths
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by the one caller that builds
 
     @property
     def state(self) -> str:
         if self.hot is not None:
             return "failed" if self.hot is self.cold else "hot"
-        return "cold" if self._future is None else "building"
+        return "building" if self._building else "cold"
 
     def __call__(self, *args):
         hot = self.hot
         if hot is not None:
             return hot(*args)
         self.calls += 1
-        if self._future is None and self.calls > 1:
-            self._start()
-        if self.cold_calls > 0 or self._future is None:  # a cold call, or the first: no build asked for yet
-            self.cold_calls = max(self.cold_calls - 1, 0)  # not atomic: a few more cold calls, never fewer
+        if self.calls <= max(self.cold_calls, 1):  # the first call is always cold: a graph called once never builds
             return self.cold(*args)
-        if not self._future.done():
+        if not self._lock.acquire(blocking=False):  # another caller is building: this call does not wait for it
             self.pending_calls += 1
             if self._ledger is not None:
-                self._ledger.slow("tier_up_pending", f"graph {self.name}: its kernels are still being built; the "
-                                  "call ran its ATen code", "wait for the builds before serving "
-                                  "(rewrite.exec.background.wait_for_builds()), or raise exec.tier_up_calls")
+                self._ledger.slow("tier_up_pending", f"graph {self.name}: its kernels are being built by another "
+                                  "caller; the call ran its ATen code", "warm the model up on one thread before "
+                                  "serving from several, or raise exec.tier_up_calls")
             return self.cold(*args)
-        return self._take()(*args)
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._future is None:
-                self._future = background.submit(self._build)
-
-    def _take(self) -> Callable:
-        with self._lock:
-            if self.hot is None:
-                try:
-                    self.hot = self._future.result()
-                    self._note(f"graph {self.name} tiered up: its hot code was built off the caller's path"
-                               + (f" ({self.pending_calls} calls ran its ATen code while it was built)"
-                                  if self.pending_calls else ""))
-                except Exception as e:  # noqa: BLE001 - the ATen code is always correct; say why it stays
-                    self.hot = self.cold
-                    why = f"graph {self.name} keeps its ATen code: its tier-up build failed ({type(e).__name__}: {e})"
-                    self._note(why)
-                    if self._ledger is not None:
-                        self._ledger.slow("tier_up_refused", why, "see the error; exec.cuda_kernels = 'aten' captures "
-                                          "the ATen code instead")
-            return self.hot
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for this gear's build (started if it was not); True when it is done."""
-        self._start()
         try:
-            self._future.result(timeout)
-        except Exception:  # noqa: BLE001 - a failed build is done too; the next call says why
-            pass
-        return self._future.done()
+            return self._hot()(*args)
+        finally:
+            self._lock.release()
+
+    def build_now(self) -> str:
+        """Build the hot code now if it is not built yet (for a warm-up that wants the tier-up done); its state."""
+        with self._lock:
+            self._hot()
+        return self.state
+
+    def _hot(self) -> Callable:
+        """The hot callable, built on this thread the first time (the gear's lock is held)."""
+        if self.hot is None:
+            self._building = True
+            t0 = time.perf_counter()
+            try:
+                with _compile_lock():
+                    self.hot = self._build()
+                self._note(f"graph {self.name} tiered up: its hot code was built on call {self.calls} in "
+                           f"{time.perf_counter() - t0:.1f} s" + (f" ({self.pending_calls} calls of other threads "
+                                                                  "ran its ATen code meanwhile)"
+                                                                  if self.pending_calls else ""))
+            except Exception as e:  # noqa: BLE001 - the ATen code is always correct; say why it stays
+                self.hot = self.cold
+                why = f"graph {self.name} keeps its ATen code: its tier-up build failed ({type(e).__name__}: {e})"
+                self._note(why)
+                if self._ledger is not None:
+                    self._ledger.slow("tier_up_refused", why, "see the error; exec.cuda_kernels = 'aten' captures "
+                                      "the ATen code instead")
+            finally:
+                self._building = False
+        return self.hot

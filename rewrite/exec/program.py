@@ -198,9 +198,9 @@ class PlannedProgram:
         return gear
 
     def _tiered_cuda(self, graph: Graph, fn, device: torch.device):
-        """The default mode's tier-up on CUDA: the ATen code serves the first calls, and those after
-        them until Inductor's kernels for the gear are built on the build thread; then the gear runs
-        as a CUDA graph in the function's shared pool (`hot_swap`, `cuda_graphs`)."""
+        """The default mode's tier-up on CUDA: the ATen code serves the first calls; the next builds
+        Inductor's kernels for the gear on the caller's thread, and from then on the gear runs as a
+        CUDA graph in the function's shared pool (`hot_swap`, `cuda_graphs`)."""
         from .hot_swap import HotSwapGear
 
         graphs = self._cuda_graphs(device)
