@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from . import logs  # noqa: F401  (rewrite's and egglog's loggers as `import rewrite` leaves them)
+from . import backend_names  # noqa: F401  (backend="rewrite" by name in a checkout that is not installed)
 from .config import CompilerConfig, ConfigError
 from .fx_bridge import CompileError
 

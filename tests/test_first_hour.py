@@ -157,6 +157,32 @@ def test_npugraph_ex_backend_name_works_after_import_rewrite_through_the_entry_p
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
 
 
+def test_backend_names_work_from_a_checkout_that_is_not_installed():
+    """A checkout on PYTHONPATH has no entry points (no dist-info): ``import rewrite`` gives Dynamo both names.
+    (A GPU machine ran the checkout so, and ``CompileConfig(backend="rewrite")`` failed with InvalidBackend.)"""
+    done = run_python("""
+        import importlib.metadata as metadata, sys
+        installed = metadata.entry_points
+        def entry_points(**select):  # as where rewrite is not installed: no entry point of ours
+            found = installed(**select)
+            return type(found)(ep for ep in found if not ep.value.startswith("rewrite."))
+        metadata.entry_points = entry_points
+        import torch, rewrite
+        dynamo_after_import = "torch._dynamo" in sys.modules
+        x = torch.randn(2, 8)
+        m = torch.nn.Linear(8, 4).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(torch.sin, backend="rewrite", mode="reduce-overhead")(x),
+                                       torch.sin(x))
+            torch.testing.assert_close(torch.compile(m, backend="npugraph_ex")(x), m(x))
+        import rewrite.compat.torchair  # registers npugraph_ex on import: harmless after the checkout's names
+        print("OK", dynamo_after_import)
+    """)
+    assert done.returncode == 0 and "OK True" in done.stdout, done.stderr[-3000:]
+    installed = run_python("import sys, rewrite; print('dynamo', 'torch._dynamo' in sys.modules)")
+    assert "dynamo False" in installed.stdout, installed.stderr[-3000:]  # installed: import rewrite stays cheap
+
+
 @pytest.mark.parametrize("statement", ["config.dump_config.enable_dump = True", "config.aoe_config.aoe_mode = '2'",
                                        "config.debug.aclgraph.clone_input = True"])
 def test_torchair_only_config_sections_raise_config_error(statement):

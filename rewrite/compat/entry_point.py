@@ -4,7 +4,8 @@ pyproject.toml names `npugraph_ex` under the ``torch_dynamo_backends`` entry poi
 in any process where rewrite is installed (as torch_npu registers it). It lives here, not in
 `rewrite.compat.torchair`, because importing that module registers the name itself (for checkouts that are not
 installed), and Dynamo registers what an entry point loads: loading torchair through the entry point would
-register the name twice.
+register the name twice. `rewrite.backend_names` (run by ``import rewrite``) gives a checkout that is not installed
+both names.
 """
 from __future__ import annotations
 
@@ -16,3 +17,4 @@ def npugraph_ex(gm, example_inputs, options: dict | None = None):
     from .torchair import npugraph_ex as backend
 
     return backend(gm, example_inputs, options=options)
+
