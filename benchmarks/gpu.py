@@ -11,8 +11,8 @@ Sections:
 
 * **static**: BERT-base (12 x 768, transformers' ``BertModel``, sdpa) and a Llama-style decoder (8 x 1024,
   GQA 16/4 heads, vocab 32000) forward, fp16, sequence 128, batch 1 and 16. Contenders: eager; Inductor
-  default; Inductor ``mode="reduce-overhead"``; rewrite's default mode past its tier-up (its background
-  Inductor build waited for); rewrite reduce-overhead. Latency by CUDA events, interleaved rounds.
+  default; Inductor ``mode="reduce-overhead"``; rewrite's default mode past its tier-up (its Inductor
+  build made on the call after its cold calls); rewrite reduce-overhead. Latency by CUDA events, interleaved rounds.
 * **gears**: BERT-base with batch gears [1, 4, 16]: rewrite reduce-overhead and default mode with
   ``set_dim_gears``, Inductor reduce-overhead compiled per size (``dynamic=False``) and with
   ``dynamic=True``. Columns: wall time until every size is ready, latency at each size, and rewrite's
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import os
 import statistics
 import sys
@@ -39,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rewrite  # noqa: E402
-from rewrite.exec.background import wait_for_builds  # noqa: E402
+from rewrite.demo import with_own_code  # noqa: E402
 from _results import markdown_table  # noqa: E402
 
 SEQ = 128
@@ -135,12 +136,11 @@ def time_gpu(fn, *args, rounds: int = 5, inner: int = 20) -> list[float]:
 
 
 def _warm(fn, args_of, sizes, calls: int = 12):
-    """Calls past the tier-up (rewrite's background builds waited for) and Inductor's CUDA-graph warm-up."""
+    """Calls past the tier-up (rewrite's cold calls and its build) and Inductor's CUDA-graph warm-up."""
     with torch.no_grad():
         for _ in range(calls):
             for s in sizes:
                 fn(args_of(s))
-        wait_for_builds(timeout=600)
         for _ in range(3):
             for s in sizes:
                 fn(args_of(s))
@@ -169,10 +169,9 @@ def bench_static(name: str, build, batches, rounds: int) -> list[list]:
             want = model(ids).float()
         fns, ready, errors = {}, {}, {}
         for label, make in STATIC.items():
-            torch._dynamo.reset()
             t0 = time.perf_counter()
             try:
-                fn = make(model)
+                fn = make(with_own_code(model, _tag(label, batch)))
                 _warm(fn, lambda s: ids, [batch])
                 with torch.no_grad():
                     got = fn(ids).float()
@@ -203,9 +202,42 @@ def bench_static(name: str, build, batches, rounds: int) -> list[list]:
     return rows
 
 
+def _tag(*parts) -> str:
+    """A name for a contender's own code object (`rewrite.demo.with_own_code`): each keeps its own Dynamo cache.
+    A ``torch._dynamo.reset()`` between contenders would drop the earlier ones' graphs, and they would compile
+    again inside the timed rounds, without what was set up before them (the gears' ``set_dim_gears``): on an
+    H200 that timed rewrite's gears 4 and 16 as graphs compiled for those sizes alone, not as the gears."""
+    return "".join(ch if ch.isalnum() else "_" for ch in "_".join(str(p) for p in parts))
+
+
 def _pool_of(backend):
     pools = [g.memory for g in backend.report.graphs if g.memory is not None]
     return pools[0] if pools else None
+
+
+class _CaptureEvents(logging.Handler):
+    """Counts what rewrite's CUDA-graph code logs while the gears are timed: a capture, a gear whose in-place
+    input moved, a call run uncaptured. Any of them during timing means a gear is not replaying its graph."""
+
+    WORDS = ("captured", "moved", "uncaptured", "cannot be captured")
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        for word in self.WORDS:
+            if word in text:
+                self.counts[word] = self.counts.get(word, 0) + 1
+
+
+def _why_slow(label: str, fn, events: _CaptureEvents) -> str:
+    """A geared rewrite contender's slow-path counts and its capture events while timed (for the next lease)."""
+    s = rewrite.stats(fn)
+    return (f"{label}: while timed, capture events {events.counts or 'none'}; slow paths: uncaptured {s.uncaptured}, "
+            f"tier_up_pending {s.tier_up_pending}, tier_up_refused {s.tier_up_refused}, dynamic_fallbacks "
+            f"{s.dynamic_fallbacks}, recompiles {s.recompiles}, pads {s.pads}; calls per gear {s.gears}")
 
 
 def bench_gears(rounds: int) -> tuple[list[list], list[str]]:
@@ -219,7 +251,7 @@ def bench_gears(rounds: int) -> tuple[list[list], list[str]]:
     def geared(mode):
         def make():
             backend = _backend(mode)
-            fn = torch.compile(model, backend=backend)
+            fn = torch.compile(with_own_code(model, _tag("gears", mode)), backend=backend)
             first = _ids(GEARS[-1])
             rewrite.inference.set_dim_gears(first, {0: GEARS})
             with torch.no_grad():
@@ -230,12 +262,11 @@ def bench_gears(rounds: int) -> tuple[list[list], list[str]]:
     contenders["rewrite reduce-overhead, gears"] = geared("reduce-overhead")
     contenders["rewrite default, gears"] = geared(None)
     contenders["inductor reduce-overhead, dynamic=False (a compile per size)"] = \
-        lambda: (torch.compile(model, mode="reduce-overhead", dynamic=False), None)
+        lambda: (torch.compile(with_own_code(model, "gears_static"), mode="reduce-overhead", dynamic=False), None)
     contenders["inductor reduce-overhead, dynamic=True"] = \
-        lambda: (torch.compile(model, mode="reduce-overhead", dynamic=True), None)
+        lambda: (torch.compile(with_own_code(model, "gears_dynamic"), mode="reduce-overhead", dynamic=True), None)
     fns, ready, errors, pools = {}, {}, {}, {}
     for label, make in contenders.items():
-        torch._dynamo.reset()
         t0 = time.perf_counter()
         try:
             fn, backend = make()
@@ -254,23 +285,33 @@ def bench_gears(rounds: int) -> tuple[list[list], list[str]]:
         print(f"  gears {label}: all sizes ready in {ready[label]:.1f} s", flush=True)
     samples = {(label, b): [] for label in fns for b in GEARS}
     inputs = {b: _ids(b) for b in GEARS}
-    with torch.no_grad():
-        for _ in range(rounds):
-            for label, fn in fns.items():
-                for b in GEARS:
-                    samples[(label, b)] += time_gpu(fn, inputs[b], rounds=2)
+    events = {label: _CaptureEvents() for label in fns}
+    rewrite_log = logging.getLogger("rewrite")
+    level = rewrite_log.level
+    rewrite_log.setLevel(logging.INFO)
+    try:
+        with torch.no_grad():
+            for _ in range(rounds):
+                for label, fn in fns.items():
+                    rewrite_log.addHandler(events[label])
+                    try:
+                        for b in GEARS:
+                            samples[(label, b)] += time_gpu(fn, inputs[b], rounds=2)
+                    finally:
+                        rewrite_log.removeHandler(events[label])
+    finally:
+        rewrite_log.setLevel(level)
     rows = []
     for label in contenders:
         if label not in fns:
             rows.append([label, "failed: " + errors.get(label, "?")] + ["-"] * len(GEARS))
             continue
         rows.append([label, f"{ready[label]:.1f}"] + [_ms(statistics.median(samples[(label, b)])) for b in GEARS])
+    notes = [_why_slow(label, fns[label], events[label]) for label in fns if label.startswith("rewrite")]
     # The pool of every gear against the largest gear compiled alone.
-    notes = []
-    torch._dynamo.reset()
     try:
         backend = _backend("reduce-overhead")
-        fn = torch.compile(model, backend=backend, dynamic=False)
+        fn = torch.compile(with_own_code(model, "largest_alone"), backend=backend, dynamic=False)
         with torch.no_grad():
             fn(_ids(GEARS[-1]))
         alone = _pool_of(backend)
@@ -328,7 +369,6 @@ def bench_decode(rounds: int, new_tokens: int = 64) -> list[list]:
             m, kw = make()
             got = _generate(m, ids, new_tokens, **kw)
             _generate(m, ids, new_tokens, **kw)
-            wait_for_builds(timeout=600)
             got = _generate(m, ids, new_tokens, **kw)
         except Exception as e:  # noqa: BLE001
             errors[label] = _error(e)
