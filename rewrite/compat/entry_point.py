@@ -17,4 +17,3 @@ def npugraph_ex(gm, example_inputs, options: dict | None = None):
     from .torchair import npugraph_ex as backend
 
     return backend(gm, example_inputs, options=options)
-
