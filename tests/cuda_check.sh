@@ -9,7 +9,8 @@
 #   bash tests/cuda_check.sh [LOG_DIR]     # LOG_DIR/cuda_tests.log, gpu_results.md, gpu_bench.log, cuda_zoo.log
 #
 # Environment: STEPS (default tests,bench: which of the first two steps run), PYTHON (default python3),
-# TEST_LIMIT_S (default 200), BENCH_LIMIT_S (default 330),
+# TEST_LIMIT_S (default 200), TEST_WORKERS (default 4: pytest-xdist workers, where it is installed), BENCH_LIMIT_S
+# (default 330),
 # BENCH_ONLY (default static,gears; "decode" is the third section), BENCH_ARGS (e.g. --quick), ZOO_LIMIT_S
 # (default 300), ZOO_MODES (default default,reduce-overhead), ZOO_ARGS (unset: no zoo).
 #
@@ -35,8 +36,12 @@ STEPS=${STEPS:-tests,bench}
 tests_rc=0
 if [[ ",$STEPS," == *",tests,"* ]]; then
     # test_cuda.py and test_gpu_policy.py are all about the GPU path; elsewhere CUDA tests carry 'cuda' in their names.
+    # Several workers share the one GPU: most of these tests' time is Inductor compiling on the CPU (the first
+    # lease ran 21 of test_cuda.py's 22 tests in 120 s on one worker).
+    workers=()
+    "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-4}")
     timeout "${TEST_LIMIT_S:-200}" "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs \
-        tests/test_cuda.py tests/test_gpu_policy.py 2>&1 | tee "$LOG_DIR/cuda_tests.log"
+        ${workers[@]+"${workers[@]}"} tests/test_cuda.py tests/test_gpu_policy.py 2>&1 | tee "$LOG_DIR/cuda_tests.log"
     tests_rc=${PIPESTATUS[0]}
     timeout 60 "$PY" -m pytest -q -p no:cacheprovider -rfEs tests/test_streams.py tests/test_reduce_overhead.py \
         tests/test_export.py tests/test_security.py -k cuda 2>&1 | tee -a "$LOG_DIR/cuda_tests.log"
