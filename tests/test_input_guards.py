@@ -144,6 +144,25 @@ def test_the_model_is_taken_as_it_was_at_the_first_call():
     assert rewrite.stats(compiled).recompiles == 0
 
 
+@pytest.mark.parametrize("door", ["module", "__call__"])  # "__call__": what transformers' generate compiles
+def test_two_models_of_one_class_sharing_a_backend_each_get_their_own_graph(door):
+    """Dropping the model's guards must not let one model's call run another's graph (two fine-tunes served in one
+    process): their weights differ, and each must compute with its own."""
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(_Block().eval())
+    backend = rewrite.get_backend()
+    compiled = [torch.compile(m if door == "module" else m.__call__, backend=backend, fullgraph=True, dynamic=False,
+                              options={"guard_filter_fn": rewrite.inference.input_guards}) for m in models]
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            for m, c in zip(models, compiled):
+                torch.testing.assert_close(c(x, 0.5), m(x, 0.5))
+        assert not torch.allclose(models[0](x, 0.5), models[1](x, 0.5))  # the check above can tell them apart
+
+
 def test_an_object_argument_such_as_a_kv_cache_keeps_its_tensor_checks():
     """An object argument (a KV cache) is an input: another cache of the same shape is read where it is,
     a longer one gets its own graph."""
