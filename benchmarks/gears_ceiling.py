@@ -47,7 +47,7 @@ import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
 from rewrite.demo import with_own_code  # noqa: E402
 
-SEQ = 16  # gears.py --traffic's sequence
+SEQ, MAX_BATCH = 16, 64  # gears.py --traffic's sequence and largest batch (its traces depend on it)
 CONTENDERS = ["eager", "rewrite gear", "openvino f32", "inductor frozen"]
 OTHERS = [c for c in CONTENDERS if c != "rewrite gear"]
 
@@ -270,7 +270,7 @@ def main() -> None:
                                 size_rows)
     trace_table = markdown_table(["trace", "served requests"] + [f"{c}, own sizes" for c in ran]
                                  + [f"rewrite's throughput / {c}'s" for c in OTHERS if c in times],
-                                 ceilings(times, opts.requests or 2000, max(sizes)))
+                                 ceilings(times, opts.requests or 2000, MAX_BATCH))
     body = "\n\n".join([
         "## The ceiling of gears on the batch traces (benchmarks/gears_ceiling.py)",
         f"`python benchmarks/gears_ceiling.py --sizes {' '.join(map(str, sizes))} --rounds {opts.rounds}`",
