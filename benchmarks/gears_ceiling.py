@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import machine_line, markdown_table, record_section, save_plot  # noqa: E402
 from gears import TRAFFIC_TRACES, traffic_trace  # noqa: E402
+from zoo import _why  # noqa: E402
 
 import rewrite  # noqa: E402
 from rewrite import models  # noqa: E402
@@ -73,6 +74,24 @@ def build(contender: str, model, sizes: list[int], inputs: dict):
     raise ValueError(contender)
 
 
+def least_interleaved(fns: dict, inputs: dict, rounds: int, label: str = "") -> dict:
+    """{contender: {key: seconds}}: for each key of ``inputs`` (its call's arguments, a tensor or a dict of them),
+    the least of ``rounds`` calls, the contenders taking turns call by call."""
+    times = {c: {} for c in fns}
+    with torch.no_grad():
+        for key, x in inputs.items():
+            samples = {c: [] for c in fns}
+            for _ in range(rounds):
+                for c, fn in fns.items():
+                    t0 = time.perf_counter()
+                    fn(**x) if isinstance(x, dict) else fn(x)
+                    samples[c].append(time.perf_counter() - t0)
+            for c in fns:
+                times[c][key] = min(samples[c])
+            print(f"  {label}{key}: " + ", ".join(f"{c} {times[c][key] * 1e3:.2f} ms" for c in fns), flush=True)
+    return times
+
+
 def gflop(model, x) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -100,22 +119,11 @@ def measure(sizes: list[int], rounds: int) -> tuple[dict, dict, list[str]]:
                         got = fn(inputs[b]).last_hidden_state
                     torch.testing.assert_close(got, want[b], rtol=1e-3, atol=1e-3)
         except Exception as e:  # noqa: BLE001 - a contender that fails is a line, not the end
-            failed.append(f"{c}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            failed.append(f"{c}: {_why(e)}")
             continue
         fns[c] = fn
         print(f"  {c}: ready", flush=True)
-    times = {c: {} for c in fns}
-    with torch.no_grad():
-        for b in sizes:
-            samples = {c: [] for c in fns}
-            for _ in range(rounds):
-                for c, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn(inputs[b])
-                    samples[c].append(time.perf_counter() - t0)
-            for c in fns:
-                times[c][b] = min(samples[c])
-            print(f"  b{b}: " + ", ".join(f"{c} {times[c][b] * 1e3:.2f} ms" for c in fns), flush=True)
+    times = least_interleaved(fns, inputs, rounds, "b")
     flops = {b: gflop(model, inputs[b]) for b in sizes}
     return times, flops, failed
 
@@ -183,23 +191,11 @@ def measure_tokens(trace: str, rounds: int) -> tuple[dict, list[str]]:
                         got = fn(**inputs[shp]).last_hidden_state
                     torch.testing.assert_close(got, model(**inputs[shp]).last_hidden_state, rtol=1e-3, atol=1e-3)
         except Exception as e:  # noqa: BLE001 - a contender that fails is a line, not the end
-            failed.append(f"{c}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            failed.append(f"{c}: {_why(e)}")
             continue
         fns[c] = fn
         print(f"  {trace} {c}: ready", flush=True)
-    times = {c: {} for c in fns}
-    with torch.no_grad():
-        for shp in grid:
-            samples = {c: [] for c in fns}
-            for _ in range(rounds):
-                for c, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn(**inputs[shp])
-                    samples[c].append(time.perf_counter() - t0)
-            for c in fns:
-                times[c][shp] = min(samples[c])
-            print(f"  {trace} {shp}: " + ", ".join(f"{c} {times[c][shp] * 1e3:.1f} ms" for c in fns), flush=True)
-    return times, failed
+    return least_interleaved(fns, inputs, rounds, f"{trace} "), failed
 
 
 def at_shape(b: int, n: int, curve: dict) -> float:
