@@ -226,7 +226,8 @@ def token_section(rounds: int, requests: int) -> str:
         served = [shape(r) for r in token_trace(trace, requests)[requests // 2:]]
         total = {c: sum(at_shape(b, n, times[c]) for b, n in served) for c in ran}
         mine = total.get("rewrite gears")
-        ceiling_rows.append([trace, len(served)] + [f"{total[c]:.1f} s" if c in total else "-" for c in TOKEN_CONTENDERS]
+        ceiling_rows.append([trace, len(served)]
+                            + [f"{total[c]:.1f} s" if c in total else "-" for c in TOKEN_CONTENDERS]
                             + [f"{total[c] / mine:.2f}x" if mine and c in total else "-"
                                for c in TOKEN_CONTENDERS if c != "rewrite gears"])
     parts += ["### Every request at its own shape (no padding beyond the tokenizer's, no split)",
@@ -241,8 +242,10 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--rounds", type=int, default=None, help="calls per size (default 15, --tokens 5)")
     parser.add_argument("--requests", type=int, default=None,
-                        help="requests per trace, half of them served (default 2000, --tokens 160: as the traffic runs)")
-    parser.add_argument("--no-record", action="store_true", help="print only; leave RESULTS.md as it is")
+                        help="requests per trace, half of them served (default 2000, --tokens 160: as the traffic "
+                             "runs)")
+    parser.add_argument("--no-record", action="store_true",
+                        help="print only; leave RESULTS.md and the plot as they are")
     parser.add_argument("--tokens", action="store_true", help="the token traces (batch x length) instead")
     opts = parser.parse_args()
     if opts.tokens:
@@ -279,6 +282,9 @@ def main() -> None:
         "gears could reach against each contender.",
         trace_table] + ([f"Could not run: {'; '.join(failed)}"] if failed else []))
     print(body)
+    # The plot beside RESULTS.md belongs to the recorded figures: drawn only when they are recorded.
+    if opts.no_record or not record_section("gears_ceiling", body + "\n\n![gears ceiling](gears_ceiling.png)"):
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,8 +299,6 @@ def main() -> None:
     ax.set_title("MiniLM, one static compile per size")
     ax.legend(fontsize=7)
     print("plot:", save_plot(fig, "gears_ceiling.png"))
-    if not opts.no_record:
-        record_section("gears_ceiling", body + "\n\n![gears ceiling](gears_ceiling.png)")
 
 
 if __name__ == "__main__":
