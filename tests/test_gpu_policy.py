@@ -129,8 +129,7 @@ def test_a_failed_build_keeps_the_aten_code_and_says_why():
 
     notes: list[str] = []
     gear = HotSwapGear("g", _mlp, build, cold_calls=0, note=notes.append)
-    assert gear.build_now() == "failed"
-    for _ in range(2):
+    for _ in range(3):  # the first call is cold, the second builds and fails, the third runs the ATen code again
         torch.testing.assert_close(gear(*inputs), _mlp(*inputs))
     assert gear.state == "failed"
     assert len(notes) == 1 and "keeps its ATen code" in notes[0] and "no kernels for you" in notes[0]

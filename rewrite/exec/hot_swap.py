@@ -82,12 +82,6 @@ class HotSwapGear:
         finally:
             self._lock.release()
 
-    def build_now(self) -> str:
-        """Build the hot code now if it is not built yet (for a warm-up that wants the tier-up done); its state."""
-        with self._lock:
-            self._hot()
-        return self.state
-
     def _hot(self) -> Callable:
         """The hot callable, built on this thread the first time (the gear's lock is held)."""
         if self.hot is None:
