@@ -52,16 +52,15 @@ class HotSwapGear:
         self.calls = 0  # calls before it turned hot (not atomic: a count, not a promise)
         self.pending_calls = 0  # calls that ran cold because another thread was building
         self._build = build
-        self._building = False
         self._note = note
         self._ledger = ledger  # rewrite.ledger.Ledger: pending calls and a failed build are slow paths
-        self._lock = threading.Lock()  # held by the one caller that builds
+        self._lock = threading.Lock()  # held by the one caller that builds, while it builds
 
     @property
     def state(self) -> str:
         if self.hot is not None:
             return "failed" if self.hot is self.cold else "hot"
-        return "building" if self._building else "cold"
+        return "building" if self._lock.locked() else "cold"
 
     def __call__(self, *args):
         hot = self.hot
@@ -78,14 +77,14 @@ class HotSwapGear:
                                   "serving from several, or raise exec.tier_up_calls")
             return self.cold(*args)
         try:
-            return self._hot()(*args)
+            hot = self._hot()
         finally:
             self._lock.release()
+        return hot(*args)
 
     def _hot(self) -> Callable:
         """The hot callable, built on this thread the first time (the gear's lock is held)."""
         if self.hot is None:
-            self._building = True
             t0 = time.perf_counter()
             try:
                 with _compile_lock():
@@ -101,6 +100,4 @@ class HotSwapGear:
                 if self._ledger is not None:
                     self._ledger.slow("tier_up_refused", why, "see the error; exec.cuda_kernels = 'aten' captures "
                                       "the ATen code instead")
-            finally:
-                self._building = False
         return self.hot
